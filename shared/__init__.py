@@ -1,0 +1,1 @@
+"""Config, logging and small common types shared by the gateway, broker and workers (torch-free)."""

