@@ -21,13 +21,17 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 run: $(STAMP)
+	$(BIN)/syshax run
+
+generate: $(STAMP)
 	$(BIN)/syshax generate --chat --stats --max-tokens 64 --prompt "$(PROMPT)"
 
 test: $(STAMP)
 	$(BIN)/pytest -m "not slow"
 
 test-slow: $(STAMP)
-	$(BIN)/pytest -m slow
+	# exit 5 = no test selected: not a failure for this optional group
+	$(BIN)/pytest -m slow || [ $$? -eq 5 ]
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

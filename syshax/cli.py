@@ -6,12 +6,20 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
-import os
 import sys
 
 # subcommand -> module with `add_arguments(parser)` and `run(args) -> int`
 COMMANDS = {
-    "generate": ("syshax.workers.generate", "Generate text from a prompt with the local engine."),
+    "generate": ("syshax.commands.generate", "Generate text from a prompt with the local engine."),
+    "init": ("syshax.commands.init", "Write the default config file (refuses to overwrite)."),
+    "config": ("syshax.commands.config", "Print or set one config key; --help lists every key."),
+    "check-config": ("syshax.commands.check_config", "Load and check the config file."),
+    "run": (
+        "syshax.commands.run",
+        "Run the whole farm here: Redis (embedded if none), gateway, workers.",
+    ),
+    "worker": ("syshax.commands.worker", "Run one worker (prefill and/or decode) on one device."),
+    "gateway": ("syshax.commands.gateway", "Run the OpenAI-compatible HTTP gateway."),
 }
 
 
@@ -29,8 +37,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from syshax.shared import env
+
     logging.basicConfig(
-        level=logging.DEBUG if os.environ.get("DEBUG") == "1" else logging.WARNING,
+        level=logging.DEBUG if env.debug() else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     args = build_parser().parse_args(argv)

@@ -9,6 +9,7 @@ another engine (another process, device or dtype) to continue decoding there.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections import deque
@@ -300,6 +301,11 @@ class Engine:
         if release:
             self.abort(request_id)
         return blob
+
+    def describe_kv(self, blob: bytes | memoryview) -> dict:
+        """The blob's header fields (for the KV handle that records where it waits)."""
+        header, _ = kv_format.decode_header(blob)
+        return dataclasses.asdict(header)
 
     def import_kv(
         self,

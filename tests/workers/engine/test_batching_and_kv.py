@@ -42,7 +42,8 @@ def test_batched_decode_of_different_lengths_equals_each_alone(tiny_models):
     folder, _ = tiny_models["qwen2"]
     lengths = [20, 7, 30, 12]  # sequences leave at different steps: slots get compacted
     expected = {
-        f"r{i}": _alone(folder, p, _greedy(n)) for i, (p, n) in enumerate(zip(PROMPTS, lengths, strict=True))
+        f"r{i}": _alone(folder, p, _greedy(n))
+        for i, (p, n) in enumerate(zip(PROMPTS, lengths, strict=True))
     }
     eng = _engine(folder)
     for i, (p, n) in enumerate(zip(PROMPTS, lengths, strict=True)):

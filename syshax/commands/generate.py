@@ -59,9 +59,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from syshax.shared.sampling import SamplingError, SamplingParams
-
-    from .engine.engine import Engine
-    from .engine.errors import EngineError
+    from syshax.workers.engine.engine import Engine
+    from syshax.workers.engine.errors import EngineError
 
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     try:

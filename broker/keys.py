@@ -1,0 +1,96 @@
+"""Every Redis key, stream, group and channel name the farm uses, in one place (as rq and arq do).
+
+All names share one prefix so a farm can share a Redis with other applications, and two
+farms can share one Redis by using different prefixes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DEVICE_CLASSES = ("gpu", "cpu")
+
+
+@dataclass(frozen=True)
+class Keys:
+    prefix: str = "syshax"
+
+    # ---- work queues (streams read with consumer groups) ----
+    @property
+    def prefill_stream(self) -> str:
+        return f"{self.prefix}:stream:prefill"
+
+    def decode_stream(self, device_class: str) -> str:
+        if device_class not in DEVICE_CLASSES:
+            raise ValueError(f"device class must be one of {DEVICE_CLASSES}, got {device_class!r}")
+        return f"{self.prefix}:stream:decode:{device_class}"
+
+    @property
+    def dead_letter_stream(self) -> str:
+        """Messages that could not be decoded or failed too often; kept for inspection."""
+        return f"{self.prefix}:stream:dead"
+
+    # One group name on every work stream: a worker then blocks on all of its streams in one
+    # XREADGROUP call (prefill and its decode class), instead of polling them in turn.
+    prefill_group: str = "workers"
+    decode_group: str = "workers"
+
+    # ---- token delivery ----
+    def token_channel(self, request_id: str) -> str:
+        """Pub/sub channel: the fast, lossy path."""
+        return f"{self.prefix}:tokens:{request_id}"
+
+    def output_stream(self, request_id: str) -> str:
+        """Capped, expiring stream: the authoritative output of one request (gap fill, resume)."""
+        return f"{self.prefix}:out:{request_id}"
+
+    def request_info(self, request_id: str) -> str:
+        """Hash the gateway writes per API request (response shape, choices, attach count), so
+        any gateway can serve a resume (GET /v1/requests/{id}/stream); expires with the output."""
+        return f"{self.prefix}:request:{request_id}"
+
+    # ---- cancellation ----
+    @property
+    def cancel_channel(self) -> str:
+        return f"{self.prefix}:cancel"
+
+    def cancel_flag(self, request_id: str) -> str:
+        """Set (with a TTL) when a request is cancelled, for jobs still waiting in a queue."""
+        return f"{self.prefix}:cancelled:{request_id}"
+
+    # ---- KV handles (leases) ----
+    def kv_blob(self, handle_id: str) -> str:
+        return f"{self.prefix}:kv:blob:{handle_id}"
+
+    def kv_lease(self, handle_id: str) -> str:
+        return f"{self.prefix}:kv:lease:{handle_id}"
+
+    def kv_owner(self, request_id: str) -> str:
+        """Set of the handle ids a request owns, so a cancel can free them wherever they are."""
+        return f"{self.prefix}:kv:owner:{request_id}"
+
+    @property
+    def kv_leases(self) -> str:
+        """Sorted set handle_id -> expiry time: what the sweeper scans."""
+        return f"{self.prefix}:kv:leases"
+
+    # ---- workers ----
+    def worker(self, worker_id: str) -> str:
+        """Hash with the worker's heartbeat (device, capacity, running, speed); expires."""
+        return f"{self.prefix}:worker:{worker_id}"
+
+    @property
+    def workers(self) -> str:
+        """Set of worker ids that have registered (stale ones are pruned by readers)."""
+        return f"{self.prefix}:workers"
+
+    @property
+    def dispatch_log(self) -> str:
+        """Capped list of the dispatcher's recent decisions (for `syshax top`, metrics)."""
+        return f"{self.prefix}:dispatch:recent"
+
+    def dispatch_count(self, device_class: str) -> str:
+        return f"{self.prefix}:dispatch:count:{device_class}"
+
+
+KEYS = Keys()

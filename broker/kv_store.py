@@ -1,0 +1,185 @@
+"""The KV-handle store: where a request's KV cache waits between prefill and decode, as a lease.
+
+Backends, by where the consumer is:
+  * `shm`: a POSIX shared-memory segment on this host (one copy in, one copy out, no Redis
+    traffic for the bytes);
+  * `redis`: the bytes as a Redis value, readable from any host.
+(The same-process case never creates a handle: the engine keeps the sequence.)
+
+Every handle is a lease recorded in Redis (hash + an expiry index + an owner index): the
+consumer frees it after import (`take`), the TTL sweeper frees orphans, and cancelling a
+request frees its lease wherever the bytes are. Leaked KV is a bug; `stats()` counts leases.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+import time
+import uuid
+from multiprocessing import resource_tracker, shared_memory
+
+import redis
+
+from .keys import KEYS, Keys
+from .schemas import KVHandle
+
+log = logging.getLogger(__name__)
+HOST = socket.gethostname()
+
+
+class KVStoreError(RuntimeError):
+    """A handle whose bytes are gone (expired, freed, or on another host)."""
+
+
+class KVStore:
+    def __init__(self, r: redis.Redis, keys: Keys = KEYS, ttl: float = 120.0, worker_id: str = ""):
+        self.r = r
+        self.keys = keys
+        self.ttl = ttl
+        self.worker_id = worker_id
+
+    # ---- producer ----------------------------------------------------------------------
+
+    def put(self, blob: bytes, meta: dict, request_id: str, store: str = "redis") -> KVHandle:
+        """Store `blob` (a kv_format blob) and record its lease. `meta`: header fields."""
+        handle_id = uuid.uuid4().hex
+        expires = time.time() + self.ttl
+        handle = KVHandle(
+            handle_id=handle_id,
+            store=store,
+            host=HOST,
+            model_id=meta.get("model_id", ""),
+            dtype=meta.get("dtype", ""),
+            num_layers=meta.get("num_layers", 0),
+            num_kv_heads=meta.get("num_kv_heads", 0),
+            head_dim=meta.get("head_dim", 0),
+            num_tokens=meta.get("num_tokens", 0),
+            nbytes=len(blob),
+            owner=request_id,
+            created_by=self.worker_id,
+            expires_at=expires,
+        )
+        pipe = self.r.pipeline()
+        if store == "shm":
+            handle.location = f"syshax-kv-{handle_id[:24]}"
+            seg = shared_memory.SharedMemory(
+                name=handle.location, create=True, size=max(len(blob), 1)
+            )
+            # The lease, not this process, owns the segment: without this, Python's resource
+            # tracker would unlink it when the producer exits, before a consumer reads it.
+            _untrack(seg)
+            seg.buf[: len(blob)] = blob
+            seg.close()
+        elif store == "redis":
+            handle.location = self.keys.kv_blob(handle_id)
+            pipe.set(handle.location, blob, px=int(self.ttl * 1000) + 60_000)
+        else:
+            raise ValueError(f"unknown KV store {store!r} (shm, redis)")
+        self._record(pipe, handle)
+        pipe.execute()
+        return handle
+
+    def _record(self, pipe, h: KVHandle) -> None:
+        lease = self.keys.kv_lease(h.handle_id)
+        pipe.set(lease, h.pack(), px=int(self.ttl * 1000) + 60_000)
+        pipe.zadd(self.keys.kv_leases, {h.handle_id: h.expires_at})
+        pipe.sadd(self.keys.kv_owner(h.owner), h.handle_id)
+        pipe.expire(self.keys.kv_owner(h.owner), int(self.ttl) + 60)
+
+    # ---- consumer ----------------------------------------------------------------------
+
+    def take(self, handle: KVHandle) -> bytes:
+        """Read the bytes and free the lease (the consumer's one call)."""
+        try:
+            return self.read(handle)
+        finally:
+            self.free(handle.handle_id)
+
+    def read(self, handle: KVHandle) -> bytes:
+        if handle.store == "redis":
+            blob = self.r.get(handle.location)
+            if blob is None:
+                raise KVStoreError(f"KV handle {handle.handle_id} expired or was freed")
+            return blob
+        if handle.store == "shm":
+            if handle.host != HOST:
+                raise KVStoreError(
+                    f"KV handle {handle.handle_id} is in shared memory on {handle.host}"
+                )
+            try:
+                seg = shared_memory.SharedMemory(name=handle.location)
+            except FileNotFoundError as exc:
+                raise KVStoreError(f"KV handle {handle.handle_id} expired or was freed") from exc
+            _untrack(seg)
+            try:
+                return bytes(seg.buf[: handle.nbytes])
+            finally:
+                seg.close()
+        raise KVStoreError(f"KV handle {handle.handle_id}: unknown store {handle.store!r}")
+
+    # ---- freeing -------------------------------------------------------------------------
+
+    def free(self, handle_id: str) -> bool:
+        """Free one lease and its bytes; True if it existed. Safe to call twice."""
+        raw = self.r.get(self.keys.kv_lease(handle_id))
+        pipe = self.r.pipeline()
+        pipe.delete(self.keys.kv_lease(handle_id))
+        pipe.zrem(self.keys.kv_leases, handle_id)
+        pipe.delete(self.keys.kv_blob(handle_id))
+        if raw is None:
+            pipe.execute()
+            return False
+        handle = KVHandle.unpack(raw)
+        pipe.srem(self.keys.kv_owner(handle.owner), handle_id)
+        pipe.execute()
+        if handle.store == "shm" and handle.host == HOST:
+            _unlink(handle.location)
+        return True
+
+    def free_request(self, request_id: str) -> int:
+        """Free every lease a request owns (on cancel). Returns how many were freed."""
+        ids = self.r.smembers(self.keys.kv_owner(request_id))
+        freed = sum(self.free(i.decode() if isinstance(i, bytes) else i) for i in ids)
+        self.r.delete(self.keys.kv_owner(request_id))
+        return freed
+
+    def sweep(self, now: float | None = None) -> int:
+        """Free every lease past its expiry. Any worker may run it; it is idempotent."""
+        now = time.time() if now is None else now
+        expired = self.r.zrangebyscore(self.keys.kv_leases, "-inf", now)
+        freed = 0
+        for hid in expired:
+            hid = hid.decode() if isinstance(hid, bytes) else hid
+            if self.free(hid):
+                log.warning("freed orphaned KV lease %s (expired)", hid)
+                freed += 1
+            else:
+                self.r.zrem(self.keys.kv_leases, hid)
+        return freed
+
+    def stats(self) -> tuple[int, int]:
+        """(leases held, bytes held) across the farm."""
+        ids = self.r.zrange(self.keys.kv_leases, 0, -1)
+        total = 0
+        for hid in ids:
+            raw = self.r.get(self.keys.kv_lease(hid.decode() if isinstance(hid, bytes) else hid))
+            if raw is not None:
+                total += KVHandle.unpack(raw).nbytes
+        return len(ids), total
+
+
+def _untrack(seg: shared_memory.SharedMemory) -> None:
+    # Tracker internals differ between Python versions: failing to unregister is harmless.
+    with contextlib.suppress(Exception):
+        resource_tracker.unregister(seg._name, "shared_memory")  # type: ignore[attr-defined]
+
+
+def _unlink(name: str) -> None:
+    try:
+        seg = shared_memory.SharedMemory(name=name)
+    except FileNotFoundError:
+        return
+    seg.close()
+    seg.unlink()  # also unregisters it from this process's resource tracker

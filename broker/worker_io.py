@@ -1,0 +1,242 @@
+"""The worker's side of the broker (sync redis-py): take jobs, publish tokens, heartbeat, cancels.
+
+Jobs are read with one consumer group on every work stream (at-least-once). An entry is
+acked and deleted when its request is done with this worker, so a stream's length is the
+number of jobs waiting plus in flight. A worker that dies leaves its entries pending; live
+workers claim the entries of consumers whose heartbeat is gone (`claim_orphans`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import time
+from dataclasses import dataclass
+
+import redis
+
+from .keys import KEYS, Keys
+from .schemas import TokenEvent
+
+log = logging.getLogger(__name__)
+HEARTBEAT_TTL = 10  # seconds: a worker silent this long is dead (its jobs get reclaimed)
+OUTPUT_MAXLEN = 1 << 17  # entries kept per output stream (> any max_model_len we run)
+
+
+@dataclass
+class Entry:
+    stream: str
+    entry_id: str
+    data: bytes | None  # None: the entry was deleted before we read it
+    reclaimed: bool = False
+
+
+def _s(x) -> str:
+    return x.decode() if isinstance(x, bytes) else x
+
+
+class WorkQueues:
+    """The streams one worker consumes, under one consumer group."""
+
+    def __init__(self, r: redis.Redis, streams: list[str], consumer: str, keys: Keys = KEYS):
+        self.r, self.streams, self.consumer, self.keys = r, streams, consumer, keys
+        self.group = keys.prefill_group
+
+    def ensure_groups(self) -> None:
+        for stream in self.streams:
+            try:
+                self.r.xgroup_create(stream, self.group, id="0", mkstream=True)
+            except redis.ResponseError as exc:
+                if "BUSYGROUP" not in str(exc):
+                    raise
+
+    def read(self, count: int, block_ms: int | None) -> list[Entry]:
+        if count <= 0:
+            return []
+        reply = self.r.xreadgroup(
+            self.group, self.consumer, {s: ">" for s in self.streams}, count=count, block=block_ms
+        )
+        out = []
+        for stream, entries in reply or []:
+            for entry_id, fields in entries:
+                out.append(Entry(_s(stream), _s(entry_id), (fields or {}).get(b"j")))
+        return out
+
+    def ack(self, entry: Entry) -> None:
+        pipe = self.r.pipeline()
+        pipe.xack(entry.stream, self.group, entry.entry_id)
+        pipe.xdel(entry.stream, entry.entry_id)
+        pipe.execute()
+
+    def dead_letter(self, entry: Entry, reason: str) -> None:
+        """Move a poison message aside (kept for inspection) so it cannot block the queue."""
+        log.error("dead-lettering %s %s: %s", entry.stream, entry.entry_id, reason)
+        self.r.xadd(
+            self.keys.dead_letter_stream,
+            {
+                "stream": entry.stream,
+                "id": entry.entry_id,
+                "reason": reason[:500],
+                "j": entry.data or b"",
+            },
+            maxlen=10_000,
+            approximate=True,
+        )
+        self.ack(entry)
+
+    def claim_orphans(self, live_consumers: set[str], count: int) -> list[Entry]:
+        """Take over pending entries whose consumer is no longer alive."""
+        claimed: list[Entry] = []
+        for stream in self.streams:
+            if len(claimed) >= count:
+                break
+            try:
+                pending = self.r.xpending_range(stream, self.group, "-", "+", count=100)
+            except redis.ResponseError:
+                continue
+            dead = [
+                p["message_id"]
+                for p in pending
+                if _s(p["consumer"]) not in live_consumers and _s(p["consumer"]) != self.consumer
+            ][: count - len(claimed)]
+            if not dead:
+                continue
+            for entry_id, fields in self.r.xclaim(stream, self.group, self.consumer, 0, dead):
+                data = (fields or {}).get(b"j")
+                claimed.append(Entry(stream, _s(entry_id), data, reclaimed=True))
+                if data is None:  # deleted entry: nothing to run
+                    self.ack(claimed.pop())
+        return claimed
+
+
+class TokenPublisher:
+    """Writes token events: output stream first (authoritative), then pub/sub (fast)."""
+
+    def __init__(self, r: redis.Redis, keys: Keys = KEYS, output_ttl: int = 600):
+        self.r, self.keys, self.output_ttl = r, keys, output_ttl
+
+    def publish(self, events: list[TokenEvent]) -> None:
+        if not events:
+            return
+        pipe = self.r.pipeline(transaction=False)
+        for ev in events:
+            data = ev.pack()
+            out = self.keys.output_stream(ev.request_id)
+            pipe.xadd(out, {"e": data}, maxlen=OUTPUT_MAXLEN, approximate=True)
+            pipe.expire(out, self.output_ttl)
+            pipe.publish(self.keys.token_channel(ev.request_id), data)
+        pipe.execute()
+
+    def delivered(self, request_id: str) -> list[TokenEvent]:
+        """Every event already delivered for a request (to resume it after a crash)."""
+        rows = self.r.xrange(self.keys.output_stream(request_id))
+        events = {}
+        for _, fields in rows:
+            ev = TokenEvent.unpack(fields[b"e"])
+            events.setdefault(ev.seq, ev)
+        return [events[s] for s in sorted(events)]
+
+
+class CancelWatcher:
+    """Collects cancelled request ids between engine steps (pub/sub + flag for queued jobs)."""
+
+    def __init__(self, r: redis.Redis, keys: Keys = KEYS):
+        self.r, self.keys = r, keys
+        self.pubsub = r.pubsub(ignore_subscribe_messages=True)
+        self.pubsub.subscribe(keys.cancel_channel)
+
+    def poll(self) -> set[str]:
+        ids: set[str] = set()
+        while True:
+            msg = self.pubsub.get_message(timeout=0)
+            if msg is None:
+                return ids
+            if msg.get("type") == "message":
+                ids.add(_s(msg["data"]))
+
+    def is_cancelled(self, request_id: str) -> bool:
+        return bool(self.r.exists(self.keys.cancel_flag(request_id)))
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):  # closing after Redis went away
+            self.pubsub.close()
+
+
+class Heartbeat:
+    def __init__(self, r: redis.Redis, worker_id: str, keys: Keys = KEYS):
+        self.r, self.worker_id, self.keys = r, worker_id, keys
+        self.static = {
+            "id": worker_id,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "started": time.time(),
+        }
+
+    def beat(self, **fields) -> None:
+        key = self.keys.worker(self.worker_id)
+        mapping = {**self.static, **fields, "last_seen": time.time()}
+        pipe = self.r.pipeline()
+        pipe.hset(key, mapping={k: str(v) for k, v in mapping.items()})
+        pipe.expire(key, HEARTBEAT_TTL)
+        pipe.sadd(self.keys.workers, self.worker_id)
+        pipe.execute()
+
+    def remove(self) -> None:
+        pipe = self.r.pipeline()
+        pipe.delete(self.keys.worker(self.worker_id))
+        pipe.srem(self.keys.workers, self.worker_id)
+        pipe.execute()
+
+
+def live_workers(r: redis.Redis, keys: Keys = KEYS) -> list[dict[str, str]]:
+    """Heartbeats of the workers alive now; prunes ids whose hash expired."""
+    ids = [_s(i) for i in r.smembers(keys.workers)]
+    if not ids:
+        return []
+    pipe = r.pipeline()
+    for wid in ids:
+        pipe.hgetall(keys.worker(wid))
+    alive, dead = [], []
+    now = time.time()
+    for wid, h in zip(ids, pipe.execute(), strict=True):
+        info = {_s(k): _s(v) for k, v in h.items()}
+        if info and now - float(info.get("last_seen", 0)) < HEARTBEAT_TTL:
+            alive.append(info)
+        elif not info:
+            dead.append(wid)
+    if dead:
+        r.srem(keys.workers, *dead)
+    return alive
+
+
+def device_loads(r: redis.Redis, workers: list[dict[str, str]], keys: Keys = KEYS) -> dict:
+    """DeviceLoad per device class, from live heartbeats and the decode streams (dispatcher input)."""
+    from .dispatcher import DeviceLoad
+
+    loads = {cls: DeviceLoad() for cls in ("gpu", "cpu")}
+    for w in workers:
+        if "decode" not in w.get("roles", "").split(","):
+            continue
+        load = loads.get(w.get("device_class", ""))
+        if load is None:
+            continue
+        load.workers += 1
+        load.capacity += int(w.get("capacity", 0))
+        load.running += int(w.get("running", 0)) + int(w.get("waiting", 0))
+        load.decode_tps += float(w.get("decode_tps", 0.0))
+    pipe = r.pipeline()
+    for cls in loads:
+        stream = keys.decode_stream(cls)
+        pipe.xlen(stream)
+        pipe.xpending(stream, keys.decode_group)
+    replies = pipe.execute(raise_on_error=False)
+    for i, cls in enumerate(loads):
+        length, pending = replies[2 * i], replies[2 * i + 1]
+        taken = pending.get("pending", 0) if isinstance(pending, dict) else 0
+        loads[cls].queued = max(int(length if isinstance(length, int) else 0) - taken, 0)
+        # Heartbeats lag by up to a second; the stream's pending entries (jobs taken and not
+        # yet finished) are exact for everything that was handed off.
+        loads[cls].running = max(loads[cls].running, taken)
+    return loads

@@ -1,0 +1,392 @@
+"""The gateway app: `create_app(settings)` -> FastAPI (serve it with uvicorn, see server.py).
+
+Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models,
+GET /v1/requests/{request_id}/stream (SSE resume), GET /health, GET /metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from contextlib import asynccontextmanager
+from typing import Any
+
+import redis.asyncio as aioredis
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from syshax.broker.client import WORKER_HEARTBEAT_TIMEOUT, BrokerClient
+from syshax.broker.keys import DEVICE_CLASSES, Keys
+from syshax.shared.tokenizer import Tokenizer
+
+from . import errors
+from .auth import check_api_key
+from .errors import REDIS_DOWN, APIError, worker_error
+from .generation import ClientGone, Generation
+from .metrics import Metrics
+from .prepare import Plan, Preparer, job_ids
+from .schemas import ChatCompletionRequest, CompletionRequest
+from .settings import GatewaySettings
+from .streaming import SSE_HEADERS, sse
+
+log = logging.getLogger(__name__)
+
+
+def make_redis(url: str) -> aioredis.Redis:
+    """A client that fails fast when Redis is down (the gateway answers 503, it does not hang)."""
+    return aioredis.Redis.from_url(
+        url,
+        socket_connect_timeout=2.0,
+        socket_timeout=10.0,
+        retry=Retry(ExponentialBackoff(cap=0.25, base=0.05), 1),
+    )
+
+
+class Gateway:
+    """Everything a request handler needs; one per app (app.state.gateway)."""
+
+    def __init__(self, settings: GatewaySettings, tokenizer: Tokenizer, redis: Any) -> None:
+        self.settings = settings
+        self.tokenizer = tokenizer
+        self.max_model_len = settings.resolved_max_model_len()
+        self.preparer = Preparer(settings, tokenizer, self.max_model_len)
+        self.keys = Keys(prefix=settings.key_prefix)
+        self.metrics = Metrics()
+        self._given_redis = redis
+        self.redis: Any = None
+        self.broker: BrokerClient | None = None
+        self.tasks: set[asyncio.Task[Any]] = set()
+
+    async def start(self) -> None:
+        self.redis = self._given_redis or make_redis(self.settings.redis_url)
+        s = self.settings
+        self.broker = BrokerClient(self.redis, self.keys, s.output_ttl, s.poll_interval)
+
+    async def stop(self) -> None:
+        if self.tasks:  # disconnected streams waiting out their grace period
+            await asyncio.wait(list(self.tasks), timeout=self.settings.disconnect_grace + 2)
+        if self.broker is not None:
+            await self.broker.aclose()
+        if self._given_redis is None and self.redis is not None:
+            await self.redis.aclose()
+
+    def spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    def retry_headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.settings.retry_after)}
+
+    # ---- generation ------------------------------------------------------------------------
+    def generation(self, plan: Plan) -> Generation:
+        assert self.broker is not None
+        return Generation(
+            self.broker,
+            self.metrics,
+            plan.kind,
+            plan.request_id,
+            plan.model,
+            plan.created,
+            plan.job_ids(),
+            len(plan.prompt_ids),
+            plan.arrival,
+            plan.deadline,
+            logprobs=plan.logprobs,
+            include_usage=plan.include_usage,
+        )
+
+    async def run(self, request: Request, plan: Plan) -> Response:
+        assert self.broker is not None
+        depth = await self.broker.prefill_queue_depth()
+        if depth >= self.settings.max_queue_depth:
+            raise APIError(
+                429,
+                f"the server is busy ({depth} requests waiting); retry later",
+                code="queue_full",
+                headers=self.retry_headers(),
+            )
+        gen = self.generation(plan)  # subscribed before any job is queued
+        try:
+            info_key = self.keys.request_info(plan.request_id)
+            ttl = int(self.settings.request_timeout + self.settings.output_ttl)
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.hset(info_key, mapping={"info": json.dumps(plan.info()), "attach": 0})
+                pipe.expire(info_key, ttl)
+                await pipe.execute()
+            for job in plan.jobs():
+                await self.broker.submit(job)
+        except BaseException:
+            gen.close()
+            raise
+        self.metrics.running.inc()
+        gen.start()
+        if not plan.stream:
+            try:
+                await gen.collect(request)
+            except ClientGone:
+                await gen.cancel()
+                return Response(status_code=499)  # nobody is listening
+            except BaseException:
+                await gen.cancel()
+                raise
+            finally:
+                gen.close()
+                self.metrics.running.dec()
+            return JSONResponse(gen.response(self.tokenizer))
+        # Streaming: wait for the first event, so a failure before any byte is a real HTTP
+        # error (status + OpenAI body), never a 200 with an error inside.
+        try:
+            item = await gen.wait(request)
+            if item is not None and item[1].error is not None:
+                gen.apply(*item)
+                raise worker_error(item[1].error)
+        except BaseException as exc:
+            await gen.cancel()
+            gen.close()
+            self.metrics.running.dec()
+            if isinstance(exc, ClientGone):
+                return Response(status_code=499)
+            raise
+        if item is not None:
+            gen.push_back(item)
+        return self.stream(gen, send_roles=True, attach=0)
+
+    def stream(self, gen: Generation, send_roles: bool, attach: int) -> StreamingResponse:
+        ended = False
+
+        def on_end(status: int) -> None:
+            nonlocal ended
+            if not ended:
+                ended = True
+                self.metrics.running.dec()
+
+        def on_disconnect() -> None:
+            on_end(499)
+            self.spawn(self.detached(gen, attach))
+
+        body = sse(gen, self.tokenizer, send_roles, on_disconnect, on_end)
+        return StreamingResponse(body, media_type="text/event-stream", headers=SSE_HEADERS)
+
+    async def detached(self, gen: Generation, attach: int) -> None:
+        """A streaming client went away: cancel its request, unless a resume takes it over
+        within the grace period."""
+        grace = self.settings.disconnect_grace
+        if grace > 0:
+            await asyncio.sleep(grace)
+            try:
+                now = await self.redis.hget(self.keys.request_info(gen.request_id), "attach")
+                if now is not None and int(now) != attach:
+                    return
+            except REDIS_DOWN:
+                pass
+        await gen.cancel()
+
+    async def resume(self, request: Request, request_id: str) -> StreamingResponse:
+        assert self.broker is not None
+        info_key = self.keys.request_info(request_id)
+        raw = await self.redis.hget(info_key, "info")
+        if raw is None:
+            raise APIError(
+                404,
+                f"no request {request_id!r} (unknown, or its output expired)",
+                param="request_id",
+                code="request_not_found",
+            )
+        info = json.loads(raw)
+        n = int(info["n"])
+        last = request.headers.get("last-event-id") or request.query_params.get("last_event_id")
+        after = [-1] * n
+        if last:
+            rid, _, cursor = last.strip().rpartition(":")
+            try:
+                after = [int(x) for x in cursor.split(",")]
+            except ValueError:
+                after = []
+            if rid != request_id or len(after) != n or min(after) < -1:
+                raise APIError(
+                    400,
+                    f"Last-Event-ID {last!r} is not an event id of this request "
+                    f"(expected {request_id}:<seq>{',<seq>' * (n - 1)})",
+                    param="Last-Event-ID",
+                    code="invalid_value",
+                )
+        attach = int(await self.redis.hincrby(info_key, "attach", 1))
+        gen = Generation(
+            self.broker,
+            self.metrics,
+            info["kind"],
+            request_id,
+            info["model"],
+            int(info["created"]),
+            job_ids(request_id, n),
+            int(info["prompt_tokens"]),
+            time.monotonic(),
+            float(info["deadline"]),
+            logprobs=bool(info["logprobs"]),
+            include_usage=bool(info["include_usage"]),
+            after=after,
+        )
+        gen.first_token_at, gen.finished = 0.0, True  # the first request recorded the metrics
+        try:
+            for c in gen.choices:  # what was already sent counts in usage
+                if c.last_seq < 0:
+                    continue
+                seen: set[int] = set()
+                for _, ev in await self.broker.read_output(c.job_id):
+                    if ev.seq > c.last_seq or ev.seq in seen:
+                        continue
+                    seen.add(ev.seq)
+                    c.tokens += ev.token_id >= 0
+                    if ev.error is not None:
+                        c.error = ev.error
+                    elif ev.finish_reason is not None:
+                        c.finish_reason = ev.finish_reason
+        except BaseException:
+            gen.close()
+            raise
+        self.metrics.running.inc()
+        gen.start()
+        return self.stream(gen, send_roles=not last, attach=attach)
+
+    # ---- status ----------------------------------------------------------------------------
+    async def health(self) -> JSONResponse:
+        assert self.broker is not None
+        body: dict[str, Any] = {"status": "ok", "redis": "ok"}
+        try:
+            await self.broker.ping()
+            workers = await self.broker.workers()
+        except REDIS_DOWN as exc:
+            body.update(status="unavailable", redis="unreachable", reason=f"Redis: {exc}")
+            return JSONResponse(body, status_code=503, headers=self.retry_headers())
+        now = time.time()
+        prefill, decode = 0, dict.fromkeys(DEVICE_CLASSES, 0)
+        for w in workers:
+            try:
+                alive = now - float(w.get("last_seen", 0)) <= WORKER_HEARTBEAT_TIMEOUT
+            except ValueError:
+                alive = False
+            roles = str(w.get("roles", "")).split(",")
+            if not alive:
+                continue
+            prefill += "prefill" in roles
+            if "decode" in roles and w.get("device_class") in decode:
+                decode[w["device_class"]] += 1
+        body["workers"] = {"prefill": prefill, "decode": decode}
+        missing = [r for r, k in (("prefill", prefill), ("decode", sum(decode.values()))) if not k]
+        if missing:
+            body.update(status="unavailable", reason=f"no live {' or '.join(missing)} worker")
+            return JSONResponse(body, status_code=503, headers=self.retry_headers())
+        return JSONResponse(body)
+
+    async def scrape(self) -> Response:
+        assert self.broker is not None
+        try:
+            self.metrics.queue_length.labels("prefill").set(await self.broker.prefill_queue_depth())
+            for cls in DEVICE_CLASSES:
+                depth = await self.broker.decode_queue_depth(cls)
+                self.metrics.queue_length.labels(f"decode:{cls}").set(depth)
+        except REDIS_DOWN:
+            pass  # the other metrics are still worth a scrape
+        return Response(self.metrics.render(), media_type=self.metrics.content_type)
+
+
+class RequestMetricsMiddleware:
+    """Counts finished HTTP requests by endpoint and status code."""
+
+    ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics")
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope.get("path", "")
+        if path in self.ROUTES:
+            endpoint = path
+        elif path.startswith("/v1/requests/"):
+            endpoint = "/v1/requests/{request_id}/stream"
+        else:
+            endpoint = "other"
+        status = 500
+
+        async def counting_send(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, counting_send)
+        finally:
+            self.metrics.request_done(endpoint, status)
+
+
+def create_app(
+    settings: GatewaySettings,
+    redis: aioredis.Redis | None = None,
+    *,
+    tokenizer: Tokenizer | None = None,
+) -> FastAPI:
+    """The gateway app. `redis`: an async client (decode_responses=False) to use instead of
+    one made from settings.redis_url; `tokenizer`: a loaded tokenizer of settings.model."""
+    tokenizer = tokenizer or Tokenizer.from_model_path(settings.model_path())
+    gw = Gateway(settings, tokenizer, redis)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        await gw.start()
+        try:
+            yield
+        finally:
+            await gw.stop()
+
+    app = FastAPI(title="sysHAX gateway", lifespan=lifespan)
+    app.state.gateway = gw
+    errors.install(app)
+    app.add_middleware(RequestMetricsMiddleware, metrics=gw.metrics)
+
+    def authenticated(request: Request) -> None:
+        check_api_key(request, settings.api_keys)
+
+    auth = [Depends(authenticated)]  # a dependency: runs before the body is validated
+
+    @app.post("/v1/chat/completions", dependencies=auth)
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        return await gw.run(request, await gw.preparer.chat(body))
+
+    @app.post("/v1/completions", dependencies=auth)
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        return await gw.run(request, await gw.preparer.completion(body))
+
+    @app.get("/v1/requests/{request_id}/stream", dependencies=auth)
+    async def resume_stream(request_id: str, request: Request) -> Response:
+        return await gw.resume(request, request_id)
+
+    @app.get("/v1/models", dependencies=auth)
+    async def models() -> dict[str, Any]:
+        card = {
+            "id": gw.preparer.model_name,
+            "object": "model",
+            "created": int(time.time()),
+            "owned_by": "syshax",
+            "root": str(settings.model_path()),
+            "max_model_len": gw.max_model_len,
+        }
+        return {"object": "list", "data": [card]}
+
+    @app.get("/health")
+    async def health() -> Response:
+        return await gw.health()
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return await gw.scrape()
+
+    return app

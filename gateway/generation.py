@@ -1,0 +1,298 @@
+"""One API request in flight: its subscriptions (one per choice), merged into one event feed,
+the per-choice state (text, tokens, logprobs, finish reason), cancellation, and the
+non-streaming response."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+from fastapi import Request
+from syshax.broker.client import BrokerClient, TokenSubscription, queue_get
+from syshax.broker.schemas import TokenEvent
+from syshax.shared.tokenizer import Tokenizer
+
+from .errors import APIError, worker_error
+from .metrics import Metrics
+from .prepare import CHAT
+
+log = logging.getLogger(__name__)
+DISCONNECT_CHECK = 0.5  # seconds between client-disconnect checks while waiting
+
+
+class ClientGone(Exception):
+    """The HTTP client disconnected."""
+
+
+@dataclass
+class Choice:
+    index: int
+    job_id: str
+    last_seq: int = -1  # seq of the newest event consumed
+    tokens: int = 0  # generated tokens (token_id >= 0), the eos included
+    text: list[str] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float | None] = field(default_factory=list)
+    finish_reason: str | None = None
+    error: dict[str, Any] | None = None
+    last_at: float = 0.0  # monotonic time of the previous token (inter-token latency)
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None or self.error is not None
+
+
+class Generation:
+    """Merges the subscriptions of an API request's choices into one feed of (index, event)."""
+
+    def __init__(
+        self,
+        broker: BrokerClient,
+        metrics: Metrics,
+        kind: str,
+        request_id: str,
+        model: str,
+        created: int,
+        job_ids: list[str],
+        prompt_tokens: int,
+        arrival: float,
+        deadline: float,
+        logprobs: bool = False,
+        include_usage: bool = False,
+        after: list[int] | None = None,
+    ) -> None:
+        self.broker, self.metrics = broker, metrics
+        self.kind, self.request_id, self.model, self.created = kind, request_id, model, created
+        self.prompt_tokens = prompt_tokens
+        self.arrival = arrival
+        self.deadline = deadline  # unix time
+        self.logprobs, self.include_usage = logprobs, include_usage
+        after = after or [-1] * len(job_ids)
+        self.choices = [
+            Choice(i, jid, last_seq=s)
+            for i, (jid, s) in enumerate(zip(job_ids, after, strict=True))
+        ]
+        self.subs: list[TokenSubscription] = [
+            broker.subscribe(jid, after_seq=s) for jid, s in zip(job_ids, after, strict=True)
+        ]
+        self._queue: asyncio.Queue[tuple[int, TokenEvent | BaseException | None]] = asyncio.Queue()
+        self._pumps: list[asyncio.Task[None]] = []
+        self._pending: list[tuple[int, TokenEvent]] = []
+        self._open = len(job_ids)
+        self.first_token_at: float | None = None
+        self._checked = time.monotonic()  # last client-disconnect check
+        self.finished = False  # metrics recorded, nothing left to cancel
+
+    # ---- feed ------------------------------------------------------------------------------
+    def start(self) -> None:
+        if len(self.subs) == 1:
+            return  # read directly: no task, no second queue
+        for i, sub in enumerate(self.subs):
+            self._pumps.append(asyncio.get_running_loop().create_task(self._pump(i, sub)))
+
+    async def _pump(self, i: int, sub: TokenSubscription) -> None:
+        try:
+            async for event in sub:
+                self._queue.put_nowait((i, event))
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            self._queue.put_nowait((i, exc))
+            return
+        finally:
+            sub.close()
+        self._queue.put_nowait((i, None))
+
+    @property
+    def all_done(self) -> bool:
+        return all(c.done for c in self.choices)
+
+    def push_back(self, item: tuple[int, TokenEvent]) -> None:
+        self._pending.append(item)
+
+    async def next_event(self, timeout: float) -> tuple[int, TokenEvent] | None:
+        """The next event of any choice, or None after `timeout` seconds (or when every choice
+        is done)."""
+        if self._pending:
+            return self._pending.pop()
+        if len(self.subs) == 1:
+            sub = self.subs[0]
+            event = await sub.get(timeout) if self._open else None
+            if event is None:
+                self._open = 0 if sub.done else self._open
+                return None
+            return 0, event
+        while self._open > 0:
+            try:
+                i, item = self._queue.get_nowait()
+            except asyncio.QueueEmpty:
+                try:
+                    i, item = await queue_get(self._queue, timeout)
+                except asyncio.TimeoutError:
+                    return None
+            if isinstance(item, TokenEvent):
+                return i, item
+            self._open -= 1
+            if isinstance(item, BaseException):
+                raise item
+        return None
+
+    async def wait(self, request: Request | None) -> tuple[int, TokenEvent] | None:
+        """Like next_event, but raises APIError(504) at the deadline and ClientGone when the
+        client went away; None only when every choice is done."""
+        while True:
+            remaining = self.deadline - time.time()
+            if remaining <= 0:
+                raise APIError(
+                    504, "the request timed out (request_timeout)", type="timeout", code="timeout"
+                )
+            if request is not None and time.monotonic() - self._checked >= DISCONNECT_CHECK:
+                self._checked = time.monotonic()
+                if await request.is_disconnected():
+                    raise ClientGone()
+            item = await self.next_event(min(remaining, DISCONNECT_CHECK))
+            if item is not None or self._open == 0:
+                return item
+
+    # ---- state -----------------------------------------------------------------------------
+    def apply(self, i: int, event: TokenEvent) -> Choice:
+        c = self.choices[i]
+        now = time.monotonic()
+        c.last_seq = event.seq
+        if event.token_id >= 0:
+            c.tokens += 1
+            c.token_ids.append(event.token_id)
+            c.logprobs.append(event.logprob)
+            if self.first_token_at is None:
+                self.first_token_at = now
+                self.metrics.ttft.observe(now - self.arrival)
+            if c.last_at:
+                self.metrics.itl.observe(now - c.last_at)
+            c.last_at = now
+        c.text.append(event.text)
+        if event.error is not None:
+            c.error = event.error
+        elif event.finish_reason is not None:
+            c.finish_reason = event.finish_reason
+        if self.all_done:
+            self.record_finished()
+        return c
+
+    def cursor(self) -> str:
+        """SSE event id: `<request_id>:<last seq of choice 0>,<of choice 1>,...`."""
+        return f"{self.request_id}:{','.join(str(c.last_seq) for c in self.choices)}"
+
+    def usage(self) -> dict[str, int]:
+        completion = sum(c.tokens for c in self.choices)
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": completion,
+            "total_tokens": self.prompt_tokens + completion,
+        }
+
+    def record_finished(self) -> None:
+        if self.finished:
+            return
+        self.finished = True
+        self.metrics.e2e.observe(time.monotonic() - self.arrival)
+        self.metrics.prompt_tokens.inc(self.prompt_tokens)
+        self.metrics.generation_tokens.inc(sum(c.tokens for c in self.choices))
+
+    # ---- ending ----------------------------------------------------------------------------
+    async def cancel(self) -> None:
+        """Cancel every unfinished choice (shielded: also runs from a cancelled task)."""
+        ids = [c.job_id for c in self.choices if not c.done]
+        if not ids:
+            return
+        with anyio.CancelScope(shield=True):
+            for jid in ids:
+                try:
+                    await self.broker.cancel(jid)
+                except Exception as exc:  # Redis down: the deadline in the job still applies
+                    log.warning("could not cancel %s: %s", jid, exc)
+
+    def close(self) -> None:
+        for task in self._pumps:
+            task.cancel()
+        for sub in self.subs:
+            sub.close()
+
+    # ---- non-streaming ---------------------------------------------------------------------
+    async def collect(self, request: Request | None) -> None:
+        """Consume every event; raise the first worker error as an APIError."""
+        while not self.all_done:
+            item = await self.wait(request)
+            if item is None:
+                break
+            c = self.apply(*item)
+            if c.error is not None:
+                raise worker_error(c.error)
+
+    def response(self, tokenizer: Tokenizer) -> dict[str, Any]:
+        choices = []
+        for c in self.choices:
+            text = "".join(c.text)
+            choice: dict[str, Any] = {"index": c.index}
+            if self.kind == CHAT:
+                choice["message"] = {"role": "assistant", "content": text}
+                choice["logprobs"] = chat_logprobs(tokenizer, c.token_ids, c.logprobs)
+            else:
+                choice["text"] = text
+                choice["logprobs"] = text_logprobs(tokenizer, c.token_ids, c.logprobs, 0)
+            if not self.logprobs:
+                choice["logprobs"] = None
+            choice["finish_reason"] = c.finish_reason
+            choices.append(choice)
+        return {
+            "id": self.request_id,
+            "object": "chat.completion" if self.kind == CHAT else "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+            "usage": self.usage(),
+            "system_fingerprint": None,
+        }
+
+
+def token_text(tokenizer: Tokenizer, token_id: int) -> str:
+    with contextlib.suppress(Exception):
+        return tokenizer.decode([token_id], skip_special_tokens=False)
+    return ""
+
+
+def chat_logprobs(
+    tokenizer: Tokenizer, token_ids: list[int], logprobs: list[float | None]
+) -> dict[str, Any]:
+    content = []
+    for tid, lp in zip(token_ids, logprobs, strict=True):
+        text = token_text(tokenizer, tid)
+        content.append(
+            {
+                "token": text,
+                "logprob": lp if lp is not None else 0.0,
+                "bytes": list(text.encode("utf-8")),
+                "top_logprobs": [],
+            }
+        )
+    return {"content": content}
+
+
+def text_logprobs(
+    tokenizer: Tokenizer, token_ids: list[int], logprobs: list[float | None], offset: int
+) -> dict[str, Any]:
+    tokens = [token_text(tokenizer, t) for t in token_ids]
+    offsets = []
+    for t in tokens:
+        offsets.append(offset)
+        offset += len(t)
+    return {
+        "tokens": tokens,
+        "token_logprobs": [lp if lp is not None else 0.0 for lp in logprobs],
+        "top_logprobs": None,
+        "text_offset": offsets,
+    }

@@ -1,0 +1,77 @@
+"""Prometheus metrics of one gateway app (own registry, so several apps can live in a process).
+
+Names follow vLLM's (`vllm:time_to_first_token_seconds` -> `syshax:time_to_first_token_seconds`)
+so existing dashboards need only the prefix changed.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+_LATENCY_BUCKETS = (
+    0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
+    2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0,
+)  # fmt: skip
+_ITL_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4,
+    0.5, 0.75, 1.0, 2.5, 5.0,
+)  # fmt: skip
+
+
+class Metrics:
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry()
+        self.requests = Counter(
+            "syshax:requests",
+            "HTTP requests finished, by endpoint and status code.",
+            ["endpoint", "status"],
+            registry=r,
+        )
+        self.running = Gauge(
+            "syshax:requests_running", "Generation requests in progress.", registry=r
+        )
+        self.queue_length = Gauge(
+            "syshax:queue_length",
+            "Jobs waiting in a work stream (read at scrape time).",
+            ["stream"],
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "syshax:time_to_first_token_seconds",
+            "Time from request arrival to the first generated token.",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.itl = Histogram(
+            "syshax:inter_token_latency_seconds",
+            "Time between consecutive tokens of a choice, as seen by the gateway.",
+            buckets=_ITL_BUCKETS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "syshax:e2e_request_latency_seconds",
+            "Time from request arrival to its last token.",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.prompt_tokens = Counter(
+            "syshax:prompt_tokens", "Prompt tokens of finished requests.", registry=r
+        )
+        self.generation_tokens = Counter(
+            "syshax:generation_tokens", "Tokens generated for finished requests.", registry=r
+        )
+
+    def request_done(self, endpoint: str, status: int) -> None:
+        self.requests.labels(endpoint=endpoint, status=str(status)).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,223 @@
+"""From a validated request body to a `Plan`: prompt token ids, one SamplingParams per choice,
+and every check that can fail before anything is queued (model, n, lengths, unsupported
+options). Tokenizing here, in the gateway, is what makes over-long prompts fail fast."""
+
+from __future__ import annotations
+
+import secrets
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.concurrency import run_in_threadpool
+from syshax.broker.schemas import PrefillJob
+from syshax.shared.sampling import SamplingError, SamplingParams
+from syshax.shared.tokenizer import ChatTemplateError, Tokenizer, TokenizerError
+
+from .errors import APIError
+from .schemas import MAX_N, ChatCompletionRequest, CompletionRequest
+from .settings import GatewaySettings
+
+CHAT, TEXT = "chat", "text"
+
+
+@dataclass
+class Plan:
+    """One API request: what to queue and how to shape the answer."""
+
+    kind: str  # CHAT | TEXT
+    request_id: str  # chatcmpl-<hex> | cmpl-<hex>; the job ids derive from it
+    model: str
+    prompt_ids: list[int]
+    params: list[SamplingParams]  # one per choice
+    stream: bool = False
+    include_usage: bool = False
+    logprobs: bool = False
+    created: int = field(default_factory=lambda: int(time.time()))
+    arrival: float = field(default_factory=time.monotonic)
+    deadline: float = 0.0  # unix time
+
+    @property
+    def n(self) -> int:
+        return len(self.params)
+
+    def job_ids(self) -> list[str]:
+        return job_ids(self.request_id, self.n)
+
+    def jobs(self) -> list[PrefillJob]:
+        now = time.time()
+        return [
+            PrefillJob(
+                request_id=jid,
+                prompt_ids=self.prompt_ids,
+                params=p.to_dict(),
+                model=self.model,
+                created=now,
+                deadline=self.deadline,
+            )
+            for jid, p in zip(self.job_ids(), self.params, strict=True)
+        ]
+
+    def info(self) -> dict[str, Any]:
+        """What a resume needs (stored in Redis under keys.request_info)."""
+        return {
+            "kind": self.kind,
+            "model": self.model,
+            "n": self.n,
+            "created": self.created,
+            "prompt_tokens": len(self.prompt_ids),
+            "include_usage": self.include_usage,
+            "logprobs": self.logprobs,
+            "deadline": self.deadline,
+        }
+
+
+def job_ids(request_id: str, n: int) -> list[str]:
+    """One job per choice: the request id itself for n=1, `<id>-<i>` for n>1."""
+    return [request_id] if n == 1 else [f"{request_id}-{i}" for i in range(n)]
+
+
+class Preparer:
+    def __init__(self, settings: GatewaySettings, tokenizer: Tokenizer, max_model_len: int):
+        self.settings = settings
+        self.tokenizer = tokenizer
+        self.max_model_len = max_model_len
+        self.model_name = settings.model_name()
+        self.accepted_names = {self.model_name, settings.model}
+
+    def check_model(self, model: str) -> None:
+        if model not in self.accepted_names:
+            raise APIError(
+                404,
+                f"The model `{model}` does not exist. This server serves `{self.model_name}`.",
+                param="model",
+                code="model_not_found",
+            )
+
+    async def chat(self, body: ChatCompletionRequest) -> Plan:
+        self.check_model(body.model)
+        self._common(body)
+        if body.top_logprobs:
+            raise APIError(
+                400,
+                "top_logprobs is not supported: only the chosen token's logprob is returned "
+                "(logprobs=true with top_logprobs 0 or absent)",
+                param="top_logprobs",
+                code="unsupported_parameter",
+            )
+        messages = body.messages_for_template()
+        try:
+            prompt_ids = await run_in_threadpool(self.tokenizer.encode_chat, messages)
+        except ChatTemplateError as exc:
+            raise APIError(400, str(exc), param="messages", code="invalid_messages") from exc
+        except TokenizerError as exc:
+            raise APIError(400, str(exc), param="messages", code="unsupported") from exc
+        max_tokens = body.max_completion_tokens or body.max_tokens
+        param = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
+        return self._plan(CHAT, body, prompt_ids, max_tokens, param, bool(body.logprobs))
+
+    async def completion(self, body: CompletionRequest) -> Plan:
+        self.check_model(body.model)
+        self._common(body)
+        if body.echo:
+            raise APIError(400, "echo is not supported", param="echo", code="unsupported")
+        if body.suffix:
+            raise APIError(400, "suffix is not supported", param="suffix", code="unsupported")
+        if body.best_of not in (None, body.n):
+            raise APIError(400, "best_of must equal n", param="best_of", code="unsupported")
+        prompt: Any = body.prompt
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+            if len(prompt) != 1:
+                raise APIError(
+                    400,
+                    f"batched prompts are not supported ({len(prompt)} given): "
+                    "send one prompt per request",
+                    param="prompt",
+                    code="unsupported",
+                )
+            prompt = prompt[0]
+        if isinstance(prompt, str):
+            prompt_ids = await run_in_threadpool(self.tokenizer.encode, prompt)
+        else:
+            prompt_ids = list(prompt)
+            bad = [t for t in prompt_ids if not 0 <= t < self.tokenizer.vocab_size]
+            if bad:
+                raise APIError(
+                    400,
+                    f"token id {bad[0]} is out of the vocabulary (0..{self.tokenizer.vocab_size - 1})",
+                    param="prompt",
+                    code="invalid_value",
+                )
+        logprobs = body.logprobs is not None
+        return self._plan(TEXT, body, prompt_ids, body.max_tokens, "max_tokens", logprobs)
+
+    def _common(self, body: ChatCompletionRequest | CompletionRequest) -> None:
+        if not 1 <= body.n <= MAX_N:
+            raise APIError(
+                400, f"n must be in 1..{MAX_N}, got {body.n}", param="n", code="invalid_value"
+            )
+        if body.stream_options is not None and not body.stream:
+            raise APIError(
+                400,
+                "stream_options is only allowed with stream=true",
+                param="stream_options",
+                code="invalid_value",
+            )
+
+    def _plan(
+        self,
+        kind: str,
+        body: ChatCompletionRequest | CompletionRequest,
+        prompt_ids: list[int],
+        max_tokens: int | None,
+        max_tokens_param: str,
+        logprobs: bool,
+    ) -> Plan:
+        where = "messages" if kind == CHAT else "prompt"
+        prompt_len, limit = len(prompt_ids), self.max_model_len
+        if prompt_len == 0:
+            raise APIError(400, "the prompt is empty", param=where, code="invalid_value")
+        if prompt_len >= limit or (max_tokens is not None and prompt_len + max_tokens > limit):
+            completion = max_tokens if max_tokens is not None else 1
+            raise APIError(
+                400,
+                f"This model's maximum context length is {limit} tokens. However, you requested "
+                f"{prompt_len + completion} tokens ({prompt_len} in the {where}, {completion} in "
+                f"the completion). Please reduce the length of the {where} or completion.",
+                param=where if max_tokens is None else max_tokens_param,
+                code="context_length_exceeded",
+            )
+        if max_tokens is None:  # OpenAI semantics: up to the end of the context
+            max_tokens = limit - prompt_len
+        seed = body.seed if body.seed is not None else secrets.randbits(63)
+        top_k = body.top_k if body.top_k is not None and body.top_k > 0 else 0
+        try:
+            params = [
+                SamplingParams(
+                    max_tokens=max_tokens,
+                    temperature=1.0 if body.temperature is None else body.temperature,
+                    top_p=1.0 if body.top_p is None else body.top_p,
+                    top_k=top_k,
+                    seed=(seed + i) % 2**63,
+                    stop=list(body.stop or []),
+                    ignore_eos=body.ignore_eos,
+                    logprobs=logprobs,
+                )
+                for i in range(body.n)
+            ]
+        except SamplingError as exc:
+            raise APIError(400, str(exc), param=exc.param, code="invalid_value") from exc
+        prefix = "chatcmpl-" if kind == CHAT else "cmpl-"
+        stream_options = body.stream_options
+        return Plan(
+            kind=kind,
+            request_id=prefix + uuid.uuid4().hex,
+            model=self.model_name,
+            prompt_ids=prompt_ids,
+            params=params,
+            stream=body.stream,
+            include_usage=bool(body.stream and stream_options and stream_options.include_usage),
+            logprobs=logprobs,
+            deadline=time.time() + self.settings.request_timeout,
+        )

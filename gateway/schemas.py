@@ -1,0 +1,72 @@
+"""Request bodies of the OpenAI API (the subset we serve). Unknown fields are ignored, as OpenAI
+clients send some we do not use; known fields are type-checked strictly (a string where a
+number belongs is a 400 naming the field, not a silent coercion)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+MAX_N = 16
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+
+class StreamOptions(_Body):
+    include_usage: bool = False
+
+
+class ChatMessage(BaseModel):
+    # Extra keys (name, tool_calls, ...) are kept: the chat template may use them.
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    role: str
+    content: str | list[Any] | None = None
+
+
+class _Generation(_Body):
+    model: str
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=-1)  # extension (vLLM): -1 or 0 = off
+    seed: int | None = Field(default=None, ge=0, lt=2**63)
+    stop: str | list[str] | None = None
+    n: int = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None  # accepted and ignored
+    ignore_eos: bool = False  # extension (vLLM), for benchmarks
+
+    @field_validator("stop")
+    @classmethod
+    def _stop(cls, v: str | list[str] | None) -> list[str]:
+        if v is None:
+            return []
+        stops = [v] if isinstance(v, str) else v
+        if any(not s for s in stops):
+            raise ValueError("stop strings must not be empty")
+        return stops
+
+
+class ChatCompletionRequest(_Generation):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+
+    def messages_for_template(self) -> list[dict[str, Any]]:
+        return [m.model_dump(exclude_none=True) for m in self.messages]
+
+
+class CompletionRequest(_Generation):
+    # One prompt per request: a string, a list of one string, token ids, or a list of one list
+    # of token ids. (Batched prompts: send one request each.)
+    prompt: str | list[str] | list[int] | list[list[int]]
+    logprobs: int | None = Field(default=None, ge=0, le=1)  # chosen-token logprob only
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None

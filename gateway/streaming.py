@@ -1,0 +1,154 @@
+"""Server-sent events in OpenAI's streaming format.
+
+Each event is `id: <request_id>:<cursor>` + `data: <chunk json>`; the cursor lists, per choice,
+the seq of the newest token already sent, so `GET /v1/requests/{id}/stream` with that id as
+`Last-Event-ID` continues exactly where the client stopped. A stream ends with exactly one
+`data: [DONE]`; a worker error or timeout ends it with a `data: {"error": ...}` event first.
+
+When the client disconnects, the request is cancelled after `disconnect_grace` seconds unless
+a resume attached to it meanwhile (the request_info hash's `attach` counter moved).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from syshax.broker.schemas import TokenEvent
+from syshax.shared.tokenizer import Tokenizer
+
+from .errors import REDIS_DOWN, APIError, error_body, worker_error
+from .generation import Generation, chat_logprobs, text_logprobs
+from .prepare import CHAT
+
+log = logging.getLogger(__name__)
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+DONE = "data: [DONE]\n\n"
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
+class ChunkWriter:
+    """Builds the chunks of one streamed request."""
+
+    def __init__(self, gen: Generation, tokenizer: Tokenizer) -> None:
+        self.gen, self.tokenizer = gen, tokenizer
+        self.chat = gen.kind == CHAT
+        self.offsets = [0] * len(gen.choices)  # completions' text_offset
+        self.held: list[tuple[list[int], list[float | None]]] = [([], []) for _ in gen.choices]
+
+    def event(self, chunk_choices: list[dict[str, Any]], usage: Any = ...) -> str:
+        gen = self.gen
+        chunk: dict[str, Any] = {
+            "id": gen.request_id,
+            "object": "chat.completion.chunk" if self.chat else "text_completion",
+            "created": gen.created,
+            "model": gen.model,
+            "choices": chunk_choices,
+        }
+        if usage is not ...:
+            chunk["usage"] = usage
+        elif gen.include_usage:
+            chunk["usage"] = None
+        return f"id: {gen.cursor()}\ndata: {_dumps(chunk)}\n\n"
+
+    def role(self, index: int) -> str:
+        delta = {"role": "assistant", "content": ""}
+        return self.event(
+            [{"index": index, "delta": delta, "logprobs": None, "finish_reason": None}]
+        )
+
+    def token(self, index: int, event: TokenEvent) -> str | None:
+        """The chunk for one event, or None when it has nothing to show (empty text, not the
+        last): such tokens still count in usage, and their logprobs ride on the next chunk."""
+        ids, lps = self.held[index]
+        if event.token_id >= 0 and self.gen.logprobs:
+            ids.append(event.token_id)
+            lps.append(event.logprob)
+        final = event.finish_reason is not None
+        if not event.text and not final:
+            return None
+        logprobs = None
+        if self.gen.logprobs and ids:
+            if self.chat:
+                logprobs = chat_logprobs(self.tokenizer, ids, lps)
+            else:
+                logprobs = text_logprobs(self.tokenizer, ids, lps, self.offsets[index])
+            self.held[index] = ([], [])
+        self.offsets[index] += len(event.text)
+        choice: dict[str, Any] = {"index": index}
+        if self.chat:
+            choice["delta"] = {"content": event.text} if event.text else {}
+        else:
+            choice["text"] = event.text
+        choice["logprobs"] = logprobs
+        choice["finish_reason"] = event.finish_reason
+        return self.event([choice])
+
+    def usage(self) -> str:
+        return self.event([], usage=self.gen.usage())
+
+
+def error_event(gen: Generation, err: APIError) -> str:
+    body = error_body(err.message, err.type, err.param, err.code)
+    body["error"]["status"] = err.status
+    return f"id: {gen.cursor()}\ndata: {_dumps(body)}\n\n"
+
+
+async def sse(
+    gen: Generation,
+    tokenizer: Tokenizer,
+    send_roles: bool,
+    on_disconnect: Callable[[], None],
+    on_end: Callable[[int], None],
+) -> AsyncIterator[str]:
+    """The body of a streamed response. `on_disconnect` runs when the client went away before
+    the end; `on_end(status)` when the stream ended (200, or the error's status)."""
+    writer = ChunkWriter(gen, tokenizer)
+    ended = False
+    status = 200
+    try:
+        if send_roles and writer.chat:
+            for c in gen.choices:
+                yield writer.role(c.index)
+        while not gen.all_done:
+            try:
+                item = await gen.wait(None)
+            except APIError as err:  # the deadline
+                status = err.status
+                await gen.cancel()
+                yield error_event(gen, err)
+                break
+            except REDIS_DOWN as exc:
+                status = 503
+                yield error_event(gen, APIError(503, f"the message broker is unavailable: {exc}"))
+                break
+            if item is None:
+                break
+            index, event = item
+            c = gen.apply(index, event)
+            if c.error is not None:
+                err = worker_error(c.error)
+                status = err.status
+                await gen.cancel()
+                yield error_event(gen, err)
+                break
+            chunk = writer.token(index, event)
+            if chunk is not None:
+                yield chunk
+        else:
+            if gen.include_usage:
+                yield writer.usage()
+        ended = True
+        yield f"id: {gen.cursor()}\n{DONE}"
+    finally:
+        gen.close()
+        if not ended and not gen.all_done:
+            on_disconnect()
+        else:
+            on_end(status)

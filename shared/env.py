@@ -1,0 +1,119 @@
+"""The one module that reads environment variables (in the spirit of vLLM's `envs.py`).
+
+Every reader looks at `os.environ` when it is called, never at import time, so tests can
+monkeypatch the environment. Bad values raise `EnvError`, whose message names the variable and
+what it accepts. Also reachable as attributes: `env.INFERENCE_OP_MODE` calls
+`inference_op_mode()`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("", "0", "false", "no", "off")
+
+
+class EnvError(ValueError):
+    """An environment variable holds a value we cannot use; the message says which and why."""
+
+
+def _raw(name: str) -> str | None:
+    """The variable's value, stripped; None when unset or empty."""
+    value = os.environ.get(name)
+    if value is None:
+        return None
+    value = value.strip()
+    return value or None
+
+
+def _choice(name: str, allowed: tuple[str, ...], none_words: tuple[str, ...] = ()) -> str | None:
+    value = _raw(name)
+    if value is None or value.lower() in none_words:
+        return None
+    if value.lower() in allowed:
+        return value.lower()
+    shown = ", ".join(allowed) + (" or unset" if not none_words else ", None or unset")
+    raise EnvError(f"{name}={value!r} is not valid; allowed values: {shown}")
+
+
+def _positive_int(name: str) -> int | None:
+    value = _raw(name)
+    if value is None:
+        return None
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise EnvError(f"{name}={value!r} is not valid; expected a positive integer or unset")
+    return number
+
+
+def debug() -> bool:
+    """DEBUG: 1 turns on debug logs (also true/yes/on; 0/false/no/off/unset = off)."""
+    value = _raw("DEBUG")
+    if value is None or value.lower() in _FALSE:
+        return False
+    if value.lower() in _TRUE:
+        return True
+    raise EnvError(f"DEBUG={value!r} is not valid; allowed values: 1 or 0 (true/false, yes/no)")
+
+
+def config_path() -> Path | None:
+    """SYSHAX_CONFIG: the config file to use when no --config is given (~ is expanded)."""
+    value = _raw("SYSHAX_CONFIG")
+    return Path(value).expanduser() if value is not None else None
+
+
+def inference_op_mode() -> str | None:
+    """INFERENCE_OP_MODE: 'fused' runs the CPU worker's fused kernels; None/unset = plain ops."""
+    return _choice("INFERENCE_OP_MODE", ("fused",), none_words=("none",))
+
+
+def omp_num_threads() -> int | None:
+    """OMP_NUM_THREADS: torch/OpenMP threads of a CPU worker; unset = the config's threads."""
+    return _positive_int("OMP_NUM_THREADS")
+
+
+def custom_cpu_affinity() -> str | None:
+    """CUSTOM_CPU_AFFINITY: cores to pin CPU worker threads to, e.g. '0-15' or '0-30:2,32-62:2'.
+
+    Returned raw; `start-end[:step]` parsing and its checks live with the CPU worker.
+    """
+    return _raw("CUSTOM_CPU_AFFINITY")
+
+
+def quantize() -> str | None:
+    """SYSHAX_QUANTIZE: q8_0 or q4_0 quantizes CPU decode weights (GGML block formats)."""
+    return _choice("SYSHAX_QUANTIZE", ("q8_0", "q4_0"), none_words=("none",))
+
+
+def nrc() -> int | None:
+    """NRC: CPU kernel tile size (rows computed per inner step); unset = the kernel's default."""
+    return _positive_int("NRC")
+
+
+# name -> reader; also the list the docs describe.
+ENV_VARS: dict[str, Callable[[], Any]] = {
+    "DEBUG": debug,
+    "SYSHAX_CONFIG": config_path,
+    "INFERENCE_OP_MODE": inference_op_mode,
+    "OMP_NUM_THREADS": omp_num_threads,
+    "CUSTOM_CPU_AFFINITY": custom_cpu_affinity,
+    "SYSHAX_QUANTIZE": quantize,
+    "NRC": nrc,
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in ENV_VARS:
+        return ENV_VARS[name]()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + list(ENV_VARS))

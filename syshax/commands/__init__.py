@@ -1,0 +1,1 @@
+"""`syshax` subcommands, one module each (imported on use)."""

@@ -1,0 +1,55 @@
+"""`syshax check-config`: load and check the config file; exit 1 when anything is wrong."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from syshax.commands.config import add_config_option
+from syshax.shared import env
+from syshax.shared.config import (
+    ConfigError,
+    load_config,
+    redact_url,
+    resolve_config_path,
+    validate,
+)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_config_option(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    path = resolve_config_path(args.config)
+    try:
+        cfg = load_config(args.config)
+    except ConfigError as exc:
+        print(f"syshax check-config: error: {exc}", file=sys.stderr)
+        return 1
+    exists = path.exists()
+    if exists:
+        print(f"config: {path}")
+    else:
+        print(f"config: no file at {path}; using the built-in defaults (`syshax init` writes it)")
+    try:
+        print(f"model: {cfg.model} -> {cfg.model_path()} (served as {cfg.model_id})")
+    except FileNotFoundError:
+        print(f"model: {cfg.model} -> not found (served as {cfg.model_id})")
+    if cfg.redis.url:
+        print(f"redis: {redact_url(cfg.redis.url)}")
+    else:
+        print("redis: embedded (`syshax run` starts a Redis server on a free port)")
+    problems = validate(cfg)
+    for reader in env.ENV_VARS.values():
+        try:
+            reader()
+        except env.EnvError as exc:
+            problems.append(f"environment: {exc}")
+    if problems:
+        print(f"{len(problems)} problem(s):")
+        for problem in problems:
+            print(f"  - {problem}")
+        return 1
+    print(f"config OK: {path}" + ("" if exists else " (built-in defaults)"))
+    return 0

@@ -1,0 +1,128 @@
+"""`syshax gateway`: the OpenAI-compatible HTTP gateway (FastAPI + uvicorn). Torch-free.
+
+Settings come from the config file (`conductor.*`, `model`, `redis.*`, `queue.max_depth`, ...);
+each option below overrides its key for this process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    opt = p.add_argument
+    opt(
+        "--config",
+        default=None,
+        help="config file (default: $SYSHAX_CONFIG or ~/.config/syshax/config.yaml)",
+    )
+    opt("--host", default=None, help="address to bind (default: conductor.host, 127.0.0.1)")
+    opt("--port", type=int, default=None, help="port to bind (default: conductor.port, 8010)")
+    opt(
+        "--model",
+        default=None,
+        help="HF model folder or .gguf file, for the tokenizer and chat template (default: model)",
+    )
+    opt(
+        "--served-model-name",
+        default=None,
+        help="the model name clients send (default: served_model_name, else derived from the model)",
+    )
+    opt(
+        "--max-model-len",
+        type=int,
+        default=None,
+        help="prompt + completion tokens (default: max_model_len)",
+    )
+    opt("--redis-url", default=None, help="Redis of the farm (default: redis.url)")
+    opt("--key-prefix", default=None, help="prefix of every Redis key (default: redis.prefix)")
+    opt(
+        "--request-timeout",
+        type=float,
+        default=None,
+        help="seconds a request may take, queueing included (default: request_timeout)",
+    )
+    opt(
+        "--max-queue-depth",
+        type=int,
+        default=None,
+        help="waiting prefill jobs before new requests get 429 (default: queue.max_depth)",
+    )
+    opt(
+        "--output-ttl",
+        type=int,
+        default=None,
+        help="seconds a request's output is kept for resume (default: output.ttl)",
+    )
+    opt(
+        "--api-key",
+        action="append",
+        default=None,
+        help="accepted API key, repeatable (default: api_keys; none = no authentication)",
+    )
+    opt(
+        "--disconnect-grace",
+        type=float,
+        default=2.0,
+        help="seconds a dropped stream waits for a resume before it is cancelled (default: %(default)s)",
+    )
+    opt(
+        "--shutdown-timeout",
+        type=float,
+        default=30.0,
+        help="seconds open streams get to finish on SIGTERM (default: %(default)s)",
+    )
+    opt(
+        "--log-level",
+        default=None,
+        choices=["critical", "error", "warning", "info", "debug"],
+        help="uvicorn log level (default: info; DEBUG=1 -> debug)",
+    )
+
+
+def settings_from_args(args: argparse.Namespace):
+    from syshax.gateway.settings import GatewaySettings
+    from syshax.shared.config import load_config
+
+    cfg = load_config(args.config)
+
+    def pick(flag, value):
+        return value if flag is None else flag
+
+    return GatewaySettings(
+        model=pick(args.model, cfg.model),
+        served_model_name=pick(args.served_model_name, cfg.served_model_name),
+        max_model_len=pick(args.max_model_len, cfg.max_model_len),
+        request_timeout=float(pick(args.request_timeout, cfg.request_timeout)),
+        max_queue_depth=pick(args.max_queue_depth, cfg.queue.max_depth),
+        output_ttl=pick(args.output_ttl, cfg.output.ttl),
+        api_keys=pick(args.api_key, list(cfg.api_keys)),
+        redis_url=pick(args.redis_url, cfg.redis.url) or "",
+        key_prefix=pick(args.key_prefix, cfg.redis.prefix),
+        host=pick(args.host, cfg.conductor.host),
+        port=pick(args.port, cfg.conductor.port),
+        disconnect_grace=args.disconnect_grace,
+        shutdown_timeout=args.shutdown_timeout,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from syshax.gateway.server import serve
+    from syshax.shared import env
+    from syshax.shared.config import ConfigError
+    from syshax.shared.tokenizer import TokenizerError
+
+    try:
+        settings = settings_from_args(args)
+        if not settings.redis_url:
+            raise ValueError(
+                "no Redis URL: pass --redis-url or set redis.url (syshax run starts an embedded one)"
+            )
+        serve(settings, log_level=args.log_level or ("debug" if env.debug() else "info"))
+    except KeyboardInterrupt:  # uvicorn re-raises SIGINT after its graceful shutdown
+        return 0
+    except (ConfigError, TokenizerError, FileNotFoundError, ValueError) as exc:
+        print(f"syshax gateway: error: {exc}", file=sys.stderr)
+        return 2
+    return 0

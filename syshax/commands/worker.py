@@ -1,0 +1,191 @@
+"""`syshax worker`: one worker process (one engine on one device, roles prefill and/or decode)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import threading
+import uuid
+
+log = logging.getLogger("syshax.worker")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--config",
+        default=None,
+        help="config file (default: $SYSHAX_CONFIG or ~/.config/syshax/config.yaml)",
+    )
+    p.add_argument(
+        "--roles",
+        default="prefill,decode",
+        help="comma list of prefill, decode (default: %(default)s)",
+    )
+    p.add_argument(
+        "--device",
+        default=None,
+        help="cpu, cuda, cuda:N or auto (default: gpu.device for the xPU class, cpu for the cpu class)",
+    )
+    p.add_argument(
+        "--device-class",
+        choices=("gpu", "cpu"),
+        default=None,
+        help="which decode stream this worker serves: gpu = the xPU role (even when it runs on a CPU), "
+        "cpu = CPU decode (default: cpu for a decode-only worker on the CPU, else gpu)",
+    )
+    p.add_argument("--id", default=None, help="worker id (default: <class>-<host>-<pid>)")
+    p.add_argument(
+        "--redis-url", default=None, help="Redis URL (default: redis.url from the config)"
+    )
+    p.add_argument(
+        "--model", default=None, help="model path or 'default' (default: model from the config)"
+    )
+    p.add_argument(
+        "--dtype", default=None, help="float32, bfloat16, float16 (default: dtype from the config)"
+    )
+    p.add_argument(
+        "--max-model-len", type=int, default=None, help="context length (default: from the config)"
+    )
+    p.add_argument(
+        "--max-batch-size",
+        type=int,
+        default=None,
+        help="sequences at once (default: gpu.max_batch_size or cpu_max_batch_size)",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads on a CPU device (default: from the config, else half the cores)",
+    )
+    p.add_argument(
+        "--engine",
+        choices=("model", "echo"),
+        default="model",
+        help="echo = zero-cost stand-in for overhead benchmarks (default: %(default)s)",
+    )
+    p.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=30.0,
+        help="seconds to finish running requests on SIGTERM (default: %(default)s)",
+    )
+
+
+def _resolve_device(device: str) -> str:
+    if device != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _build_engine(args, cfg, device: str, slots: int):
+    from syshax.shared.tokenizer import Tokenizer
+    from syshax.workers.engine.loader import resolve_model_path
+
+    model = args.model or cfg.model
+    if args.engine == "echo":
+        from syshax.workers.echo_engine import EchoEngine
+
+        tok = Tokenizer.from_model_path(resolve_model_path(model))
+        return EchoEngine(
+            tok, max_model_len=args.max_model_len or cfg.max_model_len, max_num_seqs=slots
+        )
+    from syshax.workers.engine.engine import Engine
+
+    return Engine(
+        model,
+        device=device,
+        dtype=args.dtype or cfg.dtype,
+        max_model_len=args.max_model_len or cfg.max_model_len,
+        max_num_seqs=slots,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    import redis
+
+    from syshax.broker.dispatcher import Dispatcher
+    from syshax.broker.keys import Keys
+    from syshax.shared.config import ConfigError, derive_model_name, load_config, resolve_threads
+    from syshax.workers.worker import Worker, WorkerOptions
+
+    try:
+        cfg = load_config(args.config)
+    except ConfigError as exc:
+        log.error("%s", exc)
+        return 2
+    roles = frozenset(r.strip() for r in args.roles.split(",") if r.strip())
+    if not roles or not roles <= {"prefill", "decode"}:
+        log.error("--roles must be a comma list of prefill, decode; got %r", args.roles)
+        return 2
+    cls = args.device_class or (
+        "cpu" if roles == {"decode"} and (args.device or "cpu") == "cpu" else "gpu"
+    )
+    device = _resolve_device(args.device or (cfg.gpu.device if cls == "gpu" else "cpu"))
+    threads = args.threads or resolve_threads(cfg.gpu.threads if cls == "gpu" else cfg.cpu.threads)
+    if device == "cpu" and args.engine == "model":
+        import torch
+
+        torch.set_num_threads(threads)
+    slots = args.max_batch_size or (
+        cfg.gpu.max_batch_size if cls == "gpu" else cfg.cpu_max_batch_size
+    )
+    url = args.redis_url or cfg.redis.url
+    if not url:
+        log.error(
+            "no Redis URL: pass --redis-url or set redis.url (syshax run starts an embedded one)"
+        )
+        return 2
+    engine = _build_engine(args, cfg, device, slots)
+    worker_id = args.id or f"{cls}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:4]}"
+    opts = WorkerOptions(
+        worker_id=worker_id,
+        roles=roles,
+        device_class=cls,
+        device=device,
+        served_model=cfg.served_model_name or derive_model_name(args.model or cfg.model),
+        kv_store=cfg.kv.store,
+        kv_ttl=cfg.kv.ttl,
+        output_ttl=cfg.output.ttl,
+    )
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    dispatcher = Dispatcher(
+        auto_pd_offload=cfg.auto_pd_offload, cpu_max_batch_size=cfg.cpu_max_batch_size
+    )
+    r = redis.Redis.from_url(url, health_check_interval=10)
+    backoff = 0.5
+    while not stop.is_set():
+        try:
+            worker = Worker(engine, r, opts, dispatcher, Keys(cfg.redis.prefix))
+            log.warning(
+                "worker %s ready: roles=%s device=%s class=%s slots=%d",
+                worker_id,
+                ",".join(sorted(roles)),
+                device,
+                cls,
+                slots,
+            )
+            worker.serve(stop, drain_timeout=args.drain_timeout)
+            return 0
+        except redis.ConnectionError as exc:
+            # Redis restarting: keep the engine (loading it is the slow part), retry with a
+            # capped exponential backoff, never crash-loop.
+            log.warning("Redis unreachable (%s); retrying in %.1fs", exc, backoff)
+            _abort_all(engine)
+            stop.wait(backoff)
+            backoff = min(backoff * 2, 10.0)
+            continue
+    return 0
+
+
+def _abort_all(engine) -> None:
+    """After losing Redis the jobs' entries stay pending: they will be reclaimed, so drop ours."""
+    for rid in list(engine.sequences):
+        engine.abort(rid)

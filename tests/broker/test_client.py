@@ -1,0 +1,279 @@
+"""BrokerClient / TokenSubscription: lossless, exactly-once, in-order token delivery over lossy
+pub/sub, against fakeredis and a real Redis server."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+import uuid
+
+import fakeredis
+import pytest
+import redis.asyncio as aioredis
+from syshax.broker.client import BrokerClient
+from syshax.broker.keys import Keys
+from syshax.broker.schemas import PrefillJob, TokenEvent
+
+
+@pytest.fixture(params=["fakeredis", "real"])
+def backend(request):
+    """A factory of async Redis clients for one test: fakeredis or the session's real server."""
+    if request.param == "fakeredis":
+        server = fakeredis.FakeServer()
+        return lambda: fakeredis.FakeAsyncRedis(server=server)
+    url = request.getfixturevalue("redis_url")
+    return lambda: aioredis.Redis.from_url(url)
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 30))
+
+
+def ev(rid: str, seq: int, last: int) -> TokenEvent:
+    return TokenEvent(
+        request_id=rid,
+        seq=seq,
+        token_id=100 + seq,
+        text=f"t{seq} ",
+        finish_reason="length" if seq == last else None,
+    )
+
+
+async def write(r, keys: Keys, event: TokenEvent, publish: bool = True, stream: bool = True):
+    data = event.pack()
+    if stream:
+        await r.xadd(keys.output_stream(event.request_id), {"e": data})
+        await r.expire(keys.output_stream(event.request_id), 60)
+    if publish:
+        await r.publish(keys.token_channel(event.request_id), data)
+
+
+async def collect(sub) -> list[TokenEvent]:
+    return [e async for e in sub]
+
+
+def test_lossy_duplicated_reordered_delivery_is_exact(backend):
+    async def main():
+        r, keys = backend(), Keys(prefix=f"t{uuid.uuid4().hex[:6]}")
+        client = BrokerClient(r, keys, poll_interval=0.2)
+        rng = random.Random(7)
+        rids = [f"req-{i}" for i in range(6)]
+        subs = [client.subscribe(rid) for rid in rids]
+        for rid in rids:  # waits for each SUBSCRIBE confirmation
+            await client.submit(PrefillJob(request_id=rid))
+        tasks = [asyncio.create_task(collect(s)) for s in subs]
+        n = 40
+        for rid in rids:
+            events = [ev(rid, s, n - 1) for s in range(n)]
+            # The authoritative stream gets everything, in order, before any publish.
+            for e in events:
+                await write(r, keys, e, publish=False)
+            published = [e for e in events if rng.random() > 0.2]  # ~20% dropped
+            published += rng.sample(published, 8)  # duplicates
+            rng.shuffle(published)  # reordered
+            for e in published:
+                await write(r, keys, e, stream=False)
+        results = await asyncio.gather(*tasks)
+        for rid, got in zip(rids, results, strict=True):
+            assert [e.seq for e in got] == list(range(n)), rid
+            assert all(e.request_id == rid for e in got)
+            assert got[-1].finish_reason == "length"
+        await client.aclose()
+        await r.aclose()
+
+    run(main())
+
+
+def test_dropped_final_event_is_found_by_polling(backend):
+    async def main():
+        r, keys = backend(), Keys(prefix=f"t{uuid.uuid4().hex[:6]}")
+        client = BrokerClient(r, keys, poll_interval=0.1)
+        sub = client.subscribe("a")
+        await client.submit(PrefillJob(request_id="a"))
+        task = asyncio.create_task(collect(sub))
+        for s in range(3):
+            await write(r, keys, ev("a", s, 3))
+        await write(r, keys, ev("a", 3, 3), publish=False)  # the last message is lost
+        got = await task
+        assert [e.seq for e in got] == [0, 1, 2, 3]
+        await client.aclose()
+        await r.aclose()
+
+    run(main())
+
+
+def test_live_events_arrive_without_polling(backend):
+    """Pub/sub is the fast path: with a huge poll interval, delivery still completes."""
+
+    async def main():
+        r, keys = backend(), Keys(prefix=f"t{uuid.uuid4().hex[:6]}")
+        client = BrokerClient(r, keys, poll_interval=60)
+        sub = client.subscribe("fast")
+        await client.submit(PrefillJob(request_id="fast"))
+        task = asyncio.create_task(collect(sub))
+        t0 = time.monotonic()
+        for s in range(20):
+            await write(r, keys, ev("fast", s, 19))
+        got = await task
+        assert [e.seq for e in got] == list(range(20))
+        assert time.monotonic() - t0 < 5
+        await client.aclose()
+        await r.aclose()
+
+    run(main())
+
+
+def test_resume_after_seq_backfills_then_goes_live(backend):
+    async def main():
+        r, keys = backend(), Keys(prefix=f"t{uuid.uuid4().hex[:6]}")
+        client = BrokerClient(r, keys, poll_interval=0.2)
+        for s in range(5):
+            await write(r, keys, ev("b", s, 9))
+        sub = client.subscribe("b", after_seq=2)
+        task = asyncio.create_task(collect(sub))
+        await asyncio.sleep(0.1)
+        for s in range(5, 10):
+            await write(r, keys, ev("b", s, 9), publish=s % 2 == 0)
+        got = await task
+        assert [e.seq for e in got] == list(range(3, 10))
+        await client.aclose()
+        await r.aclose()
+
+    run(main())
+
+
+def test_resume_of_a_finished_request_ends_at_once(backend):
+    async def main():
+        r, keys = backend(), Keys(prefix=f"t{uuid.uuid4().hex[:6]}")
+        client = BrokerClient(r, keys, poll_interval=0.2)
+        for s in range(4):
+            await write(r, keys, ev("c", s, 3))
+        assert [e.seq for e in await collect(client.subscribe("c", after_seq=3))] == []
+        assert [e.seq for e in await collect(client.subscribe("c", after_seq=1))] == [2, 3]
+        await client.aclose()
+        await r.aclose()
+
+    run(main())
+
+
+def test_error_event_ends_the_subscription(backend):
+    async def main():
+        r, keys = backend(), Keys(prefix=f"t{uuid.uuid4().hex[:6]}")
+        client = BrokerClient(r, keys, poll_interval=0.2)
+        sub = client.subscribe("d")
+        await client.submit(PrefillJob(request_id="d"))
+        task = asyncio.create_task(collect(sub))
+        await write(r, keys, ev("d", 0, 99))
+        err = TokenEvent(request_id="d", seq=1, error={"message": "boom", "type": "x", "code": 500})
+        await write(r, keys, err)
+        got = await task
+        assert [e.seq for e in got] == [0, 1] and got[-1].error["message"] == "boom"
+        await client.aclose()
+        await r.aclose()
+
+    run(main())
+
+
+def test_queue_depth_cancel_and_workers(backend):
+    async def main():
+        r, keys = backend(), Keys(prefix=f"t{uuid.uuid4().hex[:6]}")
+        client = BrokerClient(r, keys, output_ttl=30)
+        assert await client.prefill_queue_depth() == 0
+        for i in range(3):
+            await client.submit(PrefillJob(request_id=f"q{i}", prompt_ids=[1, 2]))
+        assert await client.prefill_queue_depth() == 3  # no consumer group yet
+        await r.xgroup_create(keys.prefill_stream, keys.prefill_group, id="0")
+        reply = await r.xreadgroup(keys.prefill_group, "w1", {keys.prefill_stream: ">"}, count=1)
+        job = PrefillJob.unpack(reply[0][1][0][1][b"j"])
+        assert job.request_id == "q0" and job.prompt_ids == [1, 2]
+        assert await client.prefill_queue_depth() == 2  # one in flight
+        assert await client.decode_queue_depth("cpu") == 0
+
+        pubsub = r.pubsub()
+        await pubsub.subscribe(keys.cancel_channel)
+        await pubsub.get_message(timeout=1)  # subscribe confirmation
+        await client.cancel("q1")
+        assert await r.get(keys.cancel_flag("q1")) == b"1"
+        assert 0 < await r.ttl(keys.cancel_flag("q1")) <= 30
+        msg = await pubsub.get_message(timeout=2)
+        assert msg and msg["data"] == b"q1"
+        await pubsub.aclose()
+
+        await r.sadd(keys.workers, "w1", "gone")
+        await r.hset(keys.worker("w1"), mapping={"roles": "prefill,decode", "last_seen": "1"})
+        workers = await client.workers()
+        assert workers == [{"id": "w1", "roles": "prefill,decode", "last_seen": "1"}]
+        assert await r.smembers(keys.workers) == {b"w1"}
+        await client.ping()
+        await client.aclose()
+        await r.aclose()
+
+    run(main())
+
+
+def test_one_pubsub_connection_and_unsubscribe_on_close(redis_url):
+    async def main():
+        r, keys = aioredis.Redis.from_url(redis_url), Keys(prefix="one")
+        client = BrokerClient(r, keys, poll_interval=0.2)
+        subs = [client.subscribe(f"m{i}") for i in range(30)]
+        for i in range(30):
+            await client.submit(PrefillJob(request_id=f"m{i}"))
+        numsub = dict(await r.pubsub_numsub(*[keys.token_channel(f"m{i}") for i in range(30)]))
+        assert set(numsub.values()) == {1}
+        clients = await r.client_list()
+        assert sum(1 for c in clients if int(c.get("sub", 0)) > 0) == 1
+        for s in subs:
+            await s.aclose()
+        await asyncio.sleep(0.2)
+        numsub = dict(await r.pubsub_numsub(*[keys.token_channel(f"m{i}") for i in range(30)]))
+        assert set(numsub.values()) == {0}
+        await client.aclose()
+        await r.aclose()
+
+    run(main())
+
+
+def test_redis_restart_pubsub_reconnects():
+    from syshax.broker.embedded import EmbeddedRedis, free_port
+
+    port = free_port()
+
+    async def deliver(client, r, keys, rid):
+        sub = client.subscribe(rid)
+        await client.submit(PrefillJob(request_id=rid))
+        task = asyncio.create_task(collect(sub))
+        for s in range(5):
+            await write(r, keys, ev(rid, s, 4))
+        return [e.seq for e in await task]
+
+    async def main():
+        keys = Keys(prefix="restart")
+        server = EmbeddedRedis(port=port).start()
+        r = aioredis.Redis.from_url(server.url)
+        client = BrokerClient(r, keys, poll_interval=30)  # only pub/sub can deliver in time
+        assert await asyncio.wait_for(deliver(client, r, keys, "before"), 5) == list(range(5))
+        held = client.subscribe("held")  # subscribed across the restart
+        server.stop()
+        await asyncio.sleep(0.3)
+        server = EmbeddedRedis(port=port).start()
+        try:
+            # the first command after the restart may see the dead connection; then it is back
+            for _ in range(50):
+                try:
+                    await r.ping()
+                    break
+                except Exception:
+                    await asyncio.sleep(0.1)
+            got = await asyncio.wait_for(deliver(client, r, keys, "after"), 10)
+            assert got == list(range(5))
+            task = asyncio.create_task(collect(held))
+            for s in range(5):
+                await write(r, keys, ev("held", s, 4))
+            assert [e.seq for e in await asyncio.wait_for(task, 10)] == list(range(5))
+        finally:
+            await client.aclose()
+            await r.aclose()
+            server.stop()
+
+    run(main())

@@ -1,0 +1,166 @@
+"""`syshax init`, `syshax config` and `syshax check-config`, run in-process through the CLI."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from syshax.shared.config import KEY_DOCS, Config, config_keys, load_config, save_config
+
+from syshax.cli import main
+
+
+@pytest.fixture(autouse=True)
+def _isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    for name in ("SYSHAX_CONFIG", "INFERENCE_OP_MODE", "SYSHAX_QUANTIZE", "NRC", "DEBUG"):
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture
+def path(tmp_path: Path) -> Path:
+    return tmp_path / "conf" / "config.yaml"
+
+
+def test_init_writes_defaults_and_refuses_to_overwrite(path: Path, capsys) -> None:
+    assert main(["init", "--config", str(path)]) == 0
+    assert capsys.readouterr().out.strip() == str(path)
+    assert load_config(path) == Config()
+    save_config(Config(cpu_max_batch_size=3), path)
+    assert main(["init", "--config", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert f"{path} already exists" in err and "--force" in err
+    assert load_config(path).cpu_max_batch_size == 3  # untouched
+    assert main(["init", "--config", str(path), "--force"]) == 0
+    assert load_config(path) == Config()
+
+
+def test_init_uses_syshax_config_then_home(tmp_path: Path, monkeypatch, capsys) -> None:
+    assert main(["init"]) == 0
+    home_file = tmp_path / "home" / ".config" / "syshax" / "config.yaml"
+    assert capsys.readouterr().out.strip() == str(home_file) and home_file.is_file()
+    monkeypatch.setenv("SYSHAX_CONFIG", str(tmp_path / "env.yaml"))
+    assert main(["init"]) == 0
+    assert (tmp_path / "env.yaml").is_file()
+
+
+def test_config_set_get_list(path: Path, capsys) -> None:
+    # creates the file from the defaults when missing
+    assert main(["config", "gpu.port", "8100", "--config", str(path)]) == 0
+    assert capsys.readouterr().out.strip() == f"gpu.port = 8100 ({path})"
+    assert main(["config", "auto_pd_offload", "false", "--config", str(path)]) == 0
+    assert main(["config", "redis.url", "redis://:pw@h:6379/0", "--config", str(path)]) == 0
+    assert main(["config", "api_keys", "k1,k2", "--config", str(path)]) == 0
+    cfg = load_config(path)
+    assert (cfg.gpu.port, cfg.auto_pd_offload, cfg.api_keys) == (8100, False, ["k1", "k2"])
+    assert cfg.redis.url == "redis://:pw@h:6379/0" and cfg.conductor.port == 8010
+    capsys.readouterr()
+    assert main(["config", "gpu.port", "--config", str(path)]) == 0
+    assert capsys.readouterr().out == "8100\n"
+    assert main(["config", "gpu.threads", "--config", str(path)]) == 0
+    assert capsys.readouterr().out == "null\n"
+    assert main(["config", "--list", "--config", str(path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"# {path}"
+    assert lines[1:] == [f"{k}: {v}" for k, v in _listing(path).items()]
+    assert "gpu.port: 8100" in lines and "auto_pd_offload: false" in lines
+
+
+def _listing(path: Path) -> dict[str, str]:
+    from syshax.shared.config import format_value, get_key
+
+    cfg = load_config(path)
+    return {k: format_value(get_key(cfg, k)) for k in config_keys()}
+
+
+def test_config_reads_defaults_without_a_file(path: Path, capsys) -> None:
+    assert main(["config", "cpu_max_batch_size", "--config", str(path)]) == 0
+    assert capsys.readouterr().out == "8\n"
+    assert not path.exists()  # reading never creates the file
+    assert main(["config", "--list", "--config", str(path)]) == 0
+    assert "built-in defaults" in capsys.readouterr().out.splitlines()[0]
+
+
+def test_config_errors(path: Path, capsys) -> None:
+    assert main(["config", "gpu.prot", "1", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "unknown key 'gpu.prot'; did you mean 'gpu.port'?" in err and "Valid keys:" in err
+    assert not path.exists()
+    assert main(["config", "gpu.prot", "--config", str(path)]) == 2
+    assert main(["config", "gpu.port", "http", "--config", str(path)]) == 2
+    assert "gpu.port: expected an integer, got 'http'" in capsys.readouterr().err
+    assert main(["config", "--config", str(path)]) == 2
+    assert main(["config", "gpu.port", "--list", "--config", str(path)]) == 2
+    path.parent.mkdir(parents=True)
+    path.write_text("gpu: [\n")
+    assert main(["config", "gpu.port", "8100", "--config", str(path)]) == 1
+    assert f"{path}, line 2" in capsys.readouterr().err
+    assert path.read_text() == "gpu: [\n"  # a broken file is never overwritten
+
+
+def test_config_warns_about_new_problems(path: Path, capsys) -> None:
+    assert main(["config", "gpu.port", "8010", "--config", str(path)]) == 0
+    err = capsys.readouterr().err
+    assert "warning: port collision: conductor.port and gpu.port are both 8010" in err
+    assert load_config(path).gpu.port == 8010  # saved: the user may be mid-way through a swap
+
+
+def test_config_model_relative_path_is_made_absolute(
+    path: Path, tmp_path: Path, monkeypatch, capsys
+) -> None:
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    monkeypatch.chdir(tmp_path)
+    assert main(["config", "model", "m.gguf", "--config", str(path)]) == 0
+    assert load_config(path).model == str(tmp_path / "m.gguf")
+    assert load_config(path).model_id == "m"
+
+
+def test_check_config(path: Path, capsys) -> None:
+    assert main(["check-config", "--config", str(path)]) == 1  # named but missing
+    assert "no such file; run `syshax init" in capsys.readouterr().err
+    assert main(["check-config"]) == 0  # nothing anywhere: the defaults, which are fine
+    out = capsys.readouterr().out
+    assert "using the built-in defaults" in out and "config OK:" in out
+    assert "redis: embedded" in out and "(served as SmolLM2-135M-Instruct)" in out
+    assert main(["init", "--config", str(path)]) == 0
+    capsys.readouterr()
+    assert main(["check-config", "--config", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[-1] == f"config OK: {path}"
+    assert "model: default -> " in out and "SmolLM2-135M-Instruct.Q4_1.gguf" in out
+    main(["config", "redis.url", "redis://:secret@h:6379/0", "--config", str(path)])
+    main(["config", "cpu.port", "8011", "--config", str(path)])
+    main(["config", "model", str(path.parent / "missing.gguf"), "--config", str(path)])
+    capsys.readouterr()
+    assert main(["check-config", "--config", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert "redis: redis://:***@h:6379/0" in out and "secret" not in out
+    assert "  - port collision: gpu.port and cpu.port are both 8011" in out
+    assert "  - model: no such file or folder:" in out and "config OK" not in out
+
+
+def test_check_config_reports_bad_file_and_env(path: Path, monkeypatch, capsys) -> None:
+    path.parent.mkdir(parents=True)
+    path.write_text("gpu:\n  prot: 1\n")
+    assert main(["check-config", "--config", str(path)]) == 1
+    assert f"{path}, line 2: unknown key 'gpu.prot'" in capsys.readouterr().err
+    path.write_text("")
+    monkeypatch.setenv("INFERENCE_OP_MODE", "bogus")
+    assert main(["check-config", "--config", str(path)]) == 1
+    assert (
+        "INFERENCE_OP_MODE='bogus' is not valid; allowed values: fused" in capsys.readouterr().out
+    )
+
+
+def test_config_help_lists_every_key_subprocess() -> None:
+    exe = Path(sys.executable).parent / "syshax"
+    out = subprocess.run(
+        [str(exe), "config", "--help"], check=True, capture_output=True, text=True
+    ).stdout
+    for key in config_keys():
+        assert f"  {key} = " in out, key
+    assert "gpu.port = 8011" in out and "auto_pd_offload = true" in out
+    assert KEY_DOCS["cpu_max_batch_size"] in out
+    assert "syshax config gpu.port 8100" in out

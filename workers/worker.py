@@ -1,0 +1,368 @@
+"""A worker process: one engine, one device, one or more roles (prefill, decode).
+
+The loop (vLLM v1's busy loop with Redis around it, never inside the model):
+    cancels -> take work (bounded by free slots) -> one engine step for the whole batch
+    -> publish the step's tokens in one pipeline -> hand off sequences just prefilled
+    -> heartbeat / claim orphaned jobs / sweep expired KV leases (on timers).
+
+A prefill publishes the first token itself, then asks the dispatcher where to decode. If
+the answer is this worker's own device class and it decodes too, the sequence simply stays
+in the engine; otherwise its KV is exported to the KV store and a decode job is queued.
+A job's stream entry is acked only when the request is done with this worker, so a worker
+that dies leaves it pending for another to claim and resume from the delivered tokens.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+from syshax.broker.dispatcher import Dispatcher
+from syshax.broker.keys import KEYS, Keys
+from syshax.broker.kv_store import KVStore, KVStoreError
+from syshax.broker.schemas import DecodeJob, KVHandle, PrefillJob, SchemaError, TokenEvent
+from syshax.broker.worker_io import (
+    CancelWatcher,
+    Entry,
+    Heartbeat,
+    TokenPublisher,
+    WorkQueues,
+    device_loads,
+    live_workers,
+)
+from syshax.shared.sampling import SamplingError, SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Job:
+    entry: Entry
+    kind: str  # "prefill" | "decode"
+    msg: Any  # PrefillJob | DecodeJob
+    params: SamplingParams
+    output_ids: list[int] = field(default_factory=list)  # delivered before this worker took it
+    in_process: bool = False  # prefilled here and decoding here: no handoff
+
+    @property
+    def request_id(self) -> str:
+        return self.msg.request_id
+
+
+@dataclass
+class WorkerOptions:
+    worker_id: str
+    roles: frozenset[str]
+    device_class: str  # "gpu" (the xPU role, even when it runs on a CPU) | "cpu"
+    device: str = "cpu"
+    served_model: str = ""
+    kv_store: str = "auto"  # auto | shm | redis
+    kv_ttl: float = 120.0
+    output_ttl: int = 600
+    heartbeat_s: float = 1.0
+    claim_s: float = 2.0
+    sweep_s: float = 5.0
+    block_ms: int = 100
+
+
+class Worker:
+    def __init__(
+        self, engine, r: redis.Redis, opts: WorkerOptions, dispatcher: Dispatcher, keys: Keys = KEYS
+    ):
+        self.engine, self.r, self.opts, self.keys = engine, r, opts, keys
+        self.dispatcher = dispatcher
+        streams = []
+        if "decode" in opts.roles:
+            streams.append(keys.decode_stream(opts.device_class))
+        if "prefill" in opts.roles:
+            streams.append(keys.prefill_stream)
+        self.queues = WorkQueues(r, streams, opts.worker_id, keys)
+        self.queues.ensure_groups()
+        self.publisher = TokenPublisher(r, keys, opts.output_ttl)
+        self.cancels = CancelWatcher(r, keys)
+        self.heartbeat = Heartbeat(r, opts.worker_id, keys)
+        self.kv = KVStore(r, keys, ttl=opts.kv_ttl, worker_id=opts.worker_id)
+        self.jobs: dict[str, Job] = {}
+        self.backlog: deque[Job] = deque()  # decode jobs waiting for a free slot
+        self.draining = False
+        self._timers = {"heartbeat": 0.0, "claim": 0.0, "sweep": 0.0}
+        self._workers_cache: tuple[float, list[dict]] = (0.0, [])
+
+    # ---- the loop -----------------------------------------------------------------------
+
+    def serve(self, stop: threading.Event, drain_timeout: float = 30.0) -> None:
+        self.heartbeat.beat(**self._load_fields())
+        while not stop.is_set():
+            self.iterate()
+        self.drain(drain_timeout)
+
+    def iterate(self) -> None:
+        self._cancel(self.cancels.poll())
+        idle = not self.engine.has_unfinished() and not self.backlog
+        if not self.draining:
+            free = self._free_slots()
+            for entry in self.queues.read(free, self.opts.block_ms if idle else None):
+                self._accept(entry)
+        self._start_backlog()
+        self._expire()
+        if self.engine.has_unfinished():
+            self._step()
+        now = time.monotonic()
+        if now >= self._timers["heartbeat"]:
+            self._timers["heartbeat"] = now + self.opts.heartbeat_s
+            self.heartbeat.beat(**self._load_fields())
+        if now >= self._timers["claim"] and not self.draining:
+            self._timers["claim"] = now + self.opts.claim_s
+            live = {w["id"] for w in self._live_workers(force=True)}
+            for entry in self.queues.claim_orphans(live, self._free_slots()):
+                log.warning("claimed orphaned job %s from a dead worker", entry.entry_id)
+                self._accept(entry)
+        if now >= self._timers["sweep"]:
+            self._timers["sweep"] = now + self.opts.sweep_s
+            self.kv.sweep()
+
+    def _free_slots(self) -> int:
+        e = self.engine
+        return e.slots.num_slots - e.num_running - len(e.waiting) - len(self.backlog)
+
+    def _load_fields(self) -> dict:
+        e = self.engine
+        return {
+            "roles": ",".join(sorted(self.opts.roles)),
+            "device": self.opts.device,
+            "device_class": self.opts.device_class,
+            "capacity": e.slots.num_slots,
+            "running": e.num_running,
+            "waiting": len(e.waiting) + len(self.backlog),
+            "decode_tps": round(e.stats.recent_decode_tps, 2),
+            "model": self.opts.served_model,
+            "draining": int(self.draining),
+        }
+
+    def _live_workers(self, force: bool = False) -> list[dict]:
+        at, cached = self._workers_cache
+        if force or time.monotonic() - at > 0.25:
+            cached = live_workers(self.r, self.keys)
+            self._workers_cache = (time.monotonic(), cached)
+        return cached
+
+    # ---- taking work --------------------------------------------------------------------
+
+    def _accept(self, entry: Entry) -> None:
+        if entry.data is None:
+            self.queues.ack(entry)
+            return
+        is_prefill = entry.stream == self.keys.prefill_stream
+        try:
+            msg = (PrefillJob if is_prefill else DecodeJob).unpack(entry.data)
+            params = SamplingParams.from_dict(msg.params)
+        except (SchemaError, SamplingError, TypeError) as exc:
+            self.queues.dead_letter(entry, f"undecodable job: {exc}")
+            return
+        rid = msg.request_id
+        kv = KVHandle(**msg.kv) if not is_prefill and msg.kv else None
+        if self.cancels.is_cancelled(rid) or (msg.deadline and time.time() > msg.deadline):
+            if kv:
+                self.kv.free(kv.handle_id)
+            self.queues.ack(entry)
+            return
+        job = Job(entry, "prefill" if is_prefill else "decode", msg, params)
+        if not is_prefill:
+            job.output_ids = list(msg.output_ids)
+        if entry.reclaimed:
+            delivered = self.publisher.delivered(rid)
+            if delivered and (delivered[-1].finish_reason or delivered[-1].error):
+                self.queues.ack(entry)  # finished before its worker died: nothing to do
+                return
+            job.output_ids = [ev.token_id for ev in delivered]
+        if rid in self.jobs:  # a duplicate delivery of a request already running here
+            self.queues.ack(entry)
+            return
+        self.jobs[rid] = job
+        if is_prefill and not job.output_ids:
+            self._guard(job, lambda: self.engine.add_request(rid, msg.prompt_ids, params))
+        elif is_prefill:
+            self._guard(
+                job, lambda: self.engine.resume_request(rid, msg.prompt_ids, job.output_ids, params)
+            )
+        else:
+            job.in_process = True  # decode jobs are never handed off again
+            self.backlog.append(job)
+
+    def _start_backlog(self) -> None:
+        e = self.engine
+        while self.backlog and e.num_running + len(e.waiting) < e.slots.num_slots:
+            job = self.backlog.popleft()
+            self._guard(job, lambda job=job: self._start_decode(job))
+
+    def _start_decode(self, job: Job) -> None:
+        msg, rid = job.msg, job.request_id
+        if msg.kv and not job.entry.reclaimed:
+            handle = KVHandle(**msg.kv)
+            try:
+                blob = self.kv.take(handle)
+                self.engine.import_kv(rid, blob, msg.prompt_ids, job.output_ids, job.params)
+                return
+            except (KVStoreError, ValueError) as exc:
+                log.warning("KV for %s unusable (%s); recomputing from tokens", rid, exc)
+        self.engine.resume_request(rid, msg.prompt_ids, job.output_ids, job.params)
+
+    def _guard(self, job: Job, start) -> None:
+        """Start a job; a request the engine refuses ends with an error event, not a crash."""
+        try:
+            start()
+        except Exception as exc:  # noqa: BLE001 - any refusal must reach the client
+            log.warning("request %s refused: %s", job.request_id, exc)
+            self._fail(
+                job,
+                str(exc),
+                "invalid_request_error" if isinstance(exc, ValueError) else "server_error",
+            )
+
+    # ---- stepping -----------------------------------------------------------------------
+
+    def _step(self) -> None:
+        try:
+            outs = self.engine.step()
+        except Exception as exc:  # noqa: BLE001 - the worker must survive an engine failure
+            log.exception("engine step failed; failing its requests")
+            for job in list(self.jobs.values()):
+                self._fail(job, f"engine error: {exc}", "server_error")
+            return
+        dev = self.opts.device
+        wid = self.opts.worker_id
+        events = []
+        for o in outs:
+            job = self.jobs.get(o.request_id)
+            prompt_tokens = len(job.msg.prompt_ids) if job else 0
+            events.append(
+                TokenEvent(
+                    request_id=o.request_id,
+                    seq=o.index,
+                    token_id=o.token_id,
+                    text=o.text,
+                    logprob=o.logprob,
+                    finish_reason=o.finish_reason,
+                    prompt_tokens=prompt_tokens,
+                    worker=wid,
+                    device=dev,
+                )
+            )
+        self.publisher.publish(events)  # the first token goes out before any KV handoff
+        for o in outs:
+            job = self.jobs.get(o.request_id)
+            if job is None:
+                continue
+            if o.finished:
+                self._done(job)
+            elif job.kind == "prefill" and not job.in_process:
+                self._handoff(job)
+
+    def _handoff(self, job: Job) -> None:
+        rid = job.request_id
+        seq = self.engine.sequences[rid]
+        remaining = (job.params.max_tokens or self.engine.max_model_len) - len(seq.output_ids)
+        # Our own numbers live, the others' from their heartbeats.
+        me = {**self.heartbeat.static, **{k: str(v) for k, v in self._load_fields().items()}}
+        others = [w for w in self._live_workers() if w.get("id") != self.opts.worker_id]
+        loads = device_loads(self.r, [*others, me], self.keys)
+        decision = self.dispatcher.choose(loads["gpu"], loads["cpu"], remaining)
+        self._record(decision)
+        if decision.device == self.opts.device_class and "decode" in self.opts.roles:
+            job.in_process = True
+            return
+        output_ids = list(seq.output_ids)
+        blob = self.engine.export_kv(rid)
+        handle = self.kv.put(
+            blob, self.engine.describe_kv(blob), rid, self._store_for(decision.device)
+        )
+        msg = job.msg
+        decode = DecodeJob(
+            request_id=rid,
+            prompt_ids=msg.prompt_ids,
+            output_ids=output_ids,
+            params=msg.params,
+            kv=handle.__dict__.copy(),
+            model=msg.model,
+            created=msg.created,
+            deadline=msg.deadline,
+            priority=msg.priority,
+        )
+        self.r.xadd(self.keys.decode_stream(decision.device), {"j": decode.pack()})
+        self._done(job)
+
+    def _store_for(self, device_class: str) -> str:
+        if self.opts.kv_store != "auto":
+            return self.opts.kv_store
+        hosts = {
+            w.get("host")
+            for w in self._live_workers()
+            if w.get("device_class") == device_class and "decode" in w.get("roles", "")
+        }
+        return "shm" if hosts <= {self.heartbeat.static["host"]} else "redis"
+
+    def _record(self, decision) -> None:
+        pipe = self.r.pipeline(transaction=False)
+        pipe.lpush(self.keys.dispatch_log, f"{time.time():.3f} {decision.device} {decision.reason}")
+        pipe.ltrim(self.keys.dispatch_log, 0, 99)
+        pipe.incr(self.keys.dispatch_count(decision.device))
+        pipe.execute()
+
+    # ---- endings ------------------------------------------------------------------------
+
+    def _done(self, job: Job) -> None:
+        self.jobs.pop(job.request_id, None)
+        self.queues.ack(job.entry)
+
+    def _fail(self, job: Job, message: str, kind: str) -> None:
+        rid = job.request_id
+        self.engine.abort(rid)
+        seq = len(job.output_ids)
+        err = {
+            "message": message,
+            "type": kind,
+            "code": 400 if kind == "invalid_request_error" else 500,
+        }
+        self.publisher.publish(
+            [TokenEvent(request_id=rid, seq=seq, error=err, worker=self.opts.worker_id)]
+        )
+        if job in self.backlog:
+            self.backlog.remove(job)
+        self._done(job)
+
+    def _cancel(self, request_ids: set[str]) -> None:
+        for rid in request_ids:
+            job = self.jobs.get(rid)
+            if job is not None:
+                self.engine.abort(rid)
+                if job in self.backlog:
+                    self.backlog.remove(job)
+                    if job.msg.kv:
+                        self.kv.free(job.msg.kv["handle_id"])
+                self._done(job)
+            self.kv.free_request(rid)
+
+    def _expire(self) -> None:
+        now = time.time()
+        for job in [j for j in self.jobs.values() if j.msg.deadline and now > j.msg.deadline]:
+            log.info("request %s passed its deadline; dropping it", job.request_id)
+            self._cancel({job.request_id})
+
+    def drain(self, timeout: float) -> None:
+        """SIGTERM: take no new work, finish what runs (up to `timeout`), hand back the rest."""
+        self.draining = True
+        end = time.monotonic() + timeout
+        while (self.jobs or self.engine.has_unfinished()) and time.monotonic() < end:
+            self.iterate()
+        for job in list(self.jobs.values()):
+            # Requeue unchanged: whoever takes it resumes from the delivered tokens.
+            self.engine.abort(job.request_id)
+            self.r.xadd(job.entry.stream, {"j": job.entry.data})
+            self._done(job)
+        self.heartbeat.remove()
+        self.cancels.close()
