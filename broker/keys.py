@@ -20,6 +20,11 @@ class Keys:
     def prefill_stream(self) -> str:
         return f"{self.prefix}:stream:prefill"
 
+    @property
+    def prefill_batch_stream(self) -> str:
+        """Prefill jobs of offline batches: read only when no interactive job waits."""
+        return f"{self.prefix}:stream:prefill:batch"
+
     def decode_stream(self, device_class: str) -> str:
         if device_class not in DEVICE_CLASSES:
             raise ValueError(f"device class must be one of {DEVICE_CLASSES}, got {device_class!r}")

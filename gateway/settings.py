@@ -25,7 +25,7 @@ class GatewaySettings:
     host: str = "127.0.0.1"
     port: int = 8000
     poll_interval: float = 0.5  # seconds of pub/sub silence before reading the output stream
-    disconnect_grace: float = 2.0  # seconds a dropped stream waits for a resume before cancel
+    disconnect_grace: float = 0.5  # seconds a dropped stream waits for a resume before cancel
     shutdown_timeout: float = 30.0  # seconds open streams get to finish on SIGTERM
     retry_after: int = 1  # seconds, for 429/503 responses
 

@@ -83,6 +83,11 @@ class Worker:
             streams.append(keys.prefill_stream)
         self.queues = WorkQueues(r, streams, opts.worker_id, keys)
         self.queues.ensure_groups()
+        # Batch traffic has its own stream, read only when the interactive ones gave nothing.
+        self.batch_queue = None
+        if "prefill" in opts.roles:
+            self.batch_queue = WorkQueues(r, [keys.prefill_batch_stream], opts.worker_id, keys)
+            self.batch_queue.ensure_groups()
         self.publisher = TokenPublisher(r, keys, opts.output_ttl)
         self.cancels = CancelWatcher(r, keys)
         self.heartbeat = Heartbeat(r, opts.worker_id, keys)
@@ -105,8 +110,7 @@ class Worker:
         self._cancel(self.cancels.poll())
         idle = not self.engine.has_unfinished() and not self.backlog
         if not self.draining:
-            free = self._free_slots()
-            for entry in self.queues.read(free, self.opts.block_ms if idle else None):
+            for entry in self._take(self._free_slots(), idle):
                 self._accept(entry)
         self._start_backlog()
         self._expire()
@@ -125,6 +129,17 @@ class Worker:
         if now >= self._timers["sweep"]:
             self._timers["sweep"] = now + self.opts.sweep_s
             self.kv.sweep()
+
+    def _take(self, free: int, idle: bool) -> list[Entry]:
+        """Interactive work first; batch work only with slots to spare; block only when idle."""
+        entries = self.queues.read(free, None)
+        if self.batch_queue is not None and free - len(entries) > 0 and not entries:
+            entries = self.batch_queue.read(free, None)
+        if not entries and idle:
+            # Nothing anywhere: wait on the interactive streams (they are what must be fast);
+            # batch work is picked up on the next turn.
+            entries = self.queues.read(free, self.opts.block_ms)
+        return entries
 
     def _free_slots(self) -> int:
         e = self.engine
@@ -157,7 +172,7 @@ class Worker:
         if entry.data is None:
             self.queues.ack(entry)
             return
-        is_prefill = entry.stream == self.keys.prefill_stream
+        is_prefill = entry.stream in (self.keys.prefill_stream, self.keys.prefill_batch_stream)
         try:
             msg = (PrefillJob if is_prefill else DecodeJob).unpack(entry.data)
             params = SamplingParams.from_dict(msg.params)

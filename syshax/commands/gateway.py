@@ -64,7 +64,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     opt(
         "--disconnect-grace",
         type=float,
-        default=2.0,
+        default=0.5,
         help="seconds a dropped stream waits for a resume before it is cancelled (default: %(default)s)",
     )
     opt(
