@@ -97,5 +97,28 @@ class Keys:
     def dispatch_count(self, device_class: str) -> str:
         return f"{self.prefix}:dispatch:count:{device_class}"
 
+    # ---- offline batches (rq jobs; see workers/batch.py, docs/batch.md) ----
+    @property
+    def batch_queue(self) -> str:
+        """Name of the rq queue batch requests wait on (rq keys it as `rq:queue:<name>`)."""
+        return f"{self.prefix}-batch"
+
+    @property
+    def batches(self) -> str:
+        """Sorted set batch_id -> creation time: every batch still known."""
+        return f"{self.prefix}:batches"
+
+    def batch_info(self, batch_id: str) -> str:
+        """Hash describing a batch (source, counts at submit, created, cancelled flag)."""
+        return f"{self.prefix}:batch:{batch_id}"
+
+    def batch_jobs(self, batch_id: str) -> str:
+        """List of the batch's rq job ids, in input order (valid lines only)."""
+        return f"{self.prefix}:batch:{batch_id}:jobs"
+
+    def batch_invalid(self, batch_id: str) -> str:
+        """Hash line number -> JSON {custom_id, error} of the lines that could not be queued."""
+        return f"{self.prefix}:batch:{batch_id}:invalid"
+
 
 KEYS = Keys()

@@ -63,11 +63,17 @@ class Message:
         return msg
 
     def _check_types(self) -> None:
-        hints = _hints(type(self))
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if not _matches(value, hints[f.name]):
-                raise SchemaError(f"{type(self).__name__}.{f.name}: unexpected value {value!r:.80}")
+        check_types(self)
+
+
+def check_types(obj: Any) -> None:
+    """Raise SchemaError if a field of dataclass `obj` does not match its annotation (a
+    message, or a dataclass built from one, e.g. SamplingParams from a job's `params`)."""
+    hints = _hints(type(obj))
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if not _matches(value, hints[f.name]):
+            raise SchemaError(f"{type(obj).__name__}.{f.name}: unexpected value {value!r:.80}")
 
 
 @functools.cache

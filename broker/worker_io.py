@@ -3,7 +3,9 @@
 Jobs are read with one consumer group on every work stream (at-least-once). An entry is
 acked and deleted when its request is done with this worker, so a stream's length is the
 number of jobs waiting plus in flight. A worker that dies leaves its entries pending; live
-workers claim the entries of consumers whose heartbeat is gone (`claim_orphans`).
+workers claim the entries of consumers whose heartbeat is gone (`claim_orphans`), and a worker
+that comes back under the same id (a restart, a reconnect to Redis) takes its own entries back
+(`own_pending`).
 """
 
 from __future__ import annotations
@@ -18,10 +20,13 @@ from dataclasses import dataclass
 import redis
 
 from .keys import KEYS, Keys
-from .schemas import TokenEvent
+from .schemas import SchemaError, TokenEvent
 
 log = logging.getLogger(__name__)
-HEARTBEAT_TTL = 10  # seconds: a worker silent this long is dead (its jobs get reclaimed)
+HEARTBEAT_TTL = 10  # seconds (default): a worker silent this long is dead (its jobs get reclaimed)
+# A claim skips entries delivered (or claimed) less than this long ago: two live workers that
+# see the same orphan at once do not both take it (XCLAIM resets the idle time).
+CLAIM_MIN_IDLE_MS = 1000
 OUTPUT_MAXLEN = 1 << 17  # entries kept per output stream (> any max_model_len we run)
 
 
@@ -35,6 +40,15 @@ class Entry:
 
 def _s(x) -> str:
     return x.decode() if isinstance(x, bytes) else x
+
+
+def _job_data(fields: dict | None) -> bytes | None:
+    """The job bytes of a stream entry: None for a deleted entry (no fields), b"" for an entry
+    without a `j` field (garbage: it is dead-lettered, not silently dropped)."""
+    if not fields:
+        return None
+    data = fields.get(b"j")
+    return data if isinstance(data, bytes) else b""
 
 
 class WorkQueues:
@@ -55,13 +69,47 @@ class WorkQueues:
     def read(self, count: int, block_ms: int | None) -> list[Entry]:
         if count <= 0:
             return []
-        reply = self.r.xreadgroup(
-            self.group, self.consumer, {s: ">" for s in self.streams}, count=count, block=block_ms
-        )
+        try:
+            reply = self.r.xreadgroup(
+                self.group,
+                self.consumer,
+                {s: ">" for s in self.streams},
+                count=count,
+                block=block_ms,
+            )
+        except redis.ResponseError as exc:
+            if "NOGROUP" not in str(exc):
+                raise
+            # Redis restarted empty under us (the client reconnected by itself): recreate.
+            log.warning("consumer group gone (%s); recreating it", exc)
+            self.ensure_groups()
+            return []
         out = []
         for stream, entries in reply or []:
             for entry_id, fields in entries:
-                out.append(Entry(_s(stream), _s(entry_id), (fields or {}).get(b"j")))
+                out.append(Entry(_s(stream), _s(entry_id), _job_data(fields)))
+        return out
+
+    def own_pending(self, count: int = 1000) -> list[Entry]:
+        """Entries still pending under this consumer name: left by an earlier process with the
+        same worker id (killed and restarted, or cut off from Redis). Nobody else claims them
+        while this id heartbeats, so the worker takes them back itself, as reclaimed jobs."""
+        out: list[Entry] = []
+        for stream in self.streams:
+            try:
+                reply = self.r.xreadgroup(self.group, self.consumer, {stream: "0"}, count=count)
+            except redis.ResponseError as exc:
+                if "NOGROUP" not in str(exc):
+                    raise
+                self.ensure_groups()  # a Redis that lost its data: nothing of ours is left
+                continue
+            for _, entries in reply or []:
+                for entry_id, fields in entries:
+                    entry = Entry(stream, _s(entry_id), _job_data(fields), reclaimed=True)
+                    if entry.data is None:
+                        self.ack(entry)  # deleted meanwhile: nothing to run
+                    else:
+                        out.append(entry)
         return out
 
     def ack(self, entry: Entry) -> None:
@@ -103,8 +151,9 @@ class WorkQueues:
             ][: count - len(claimed)]
             if not dead:
                 continue
-            for entry_id, fields in self.r.xclaim(stream, self.group, self.consumer, 0, dead):
-                data = (fields or {}).get(b"j")
+            claims = self.r.xclaim(stream, self.group, self.consumer, CLAIM_MIN_IDLE_MS, dead)
+            for entry_id, fields in claims:
+                data = _job_data(fields)
                 claimed.append(Entry(stream, _s(entry_id), data, reclaimed=True))
                 if data is None:  # deleted entry: nothing to run
                     self.ack(claimed.pop())
@@ -133,8 +182,12 @@ class TokenPublisher:
         """Every event already delivered for a request (to resume it after a crash)."""
         rows = self.r.xrange(self.keys.output_stream(request_id))
         events = {}
-        for _, fields in rows:
-            ev = TokenEvent.unpack(fields[b"e"])
+        for entry_id, fields in rows:
+            try:
+                ev = TokenEvent.unpack(fields.get(b"e", b""))
+            except SchemaError as exc:
+                log.warning("output of %s: skipping entry %s: %s", request_id, entry_id, exc)
+                continue
             events.setdefault(ev.seq, ev)
         return [events[s] for s in sorted(events)]
 
@@ -165,13 +218,21 @@ class CancelWatcher:
 
 
 class Heartbeat:
-    def __init__(self, r: redis.Redis, worker_id: str, keys: Keys = KEYS):
+    """The worker's hash, rewritten every beat with a TTL: when it expires the worker is dead.
+
+    The TTL is written into the hash too (`ttl`), so readers judge each worker by its own."""
+
+    def __init__(
+        self, r: redis.Redis, worker_id: str, keys: Keys = KEYS, ttl: float = HEARTBEAT_TTL
+    ):
         self.r, self.worker_id, self.keys = r, worker_id, keys
+        self.ttl = ttl
         self.static = {
             "id": worker_id,
             "host": socket.gethostname(),
             "pid": os.getpid(),
             "started": time.time(),
+            "ttl": ttl,
         }
 
     def beat(self, **fields) -> None:
@@ -179,7 +240,7 @@ class Heartbeat:
         mapping = {**self.static, **fields, "last_seen": time.time()}
         pipe = self.r.pipeline()
         pipe.hset(key, mapping={k: str(v) for k, v in mapping.items()})
-        pipe.expire(key, HEARTBEAT_TTL)
+        pipe.pexpire(key, max(int(self.ttl * 1000), 1))
         pipe.sadd(self.keys.workers, self.worker_id)
         pipe.execute()
 
@@ -188,6 +249,14 @@ class Heartbeat:
         pipe.delete(self.keys.worker(self.worker_id))
         pipe.srem(self.keys.workers, self.worker_id)
         pipe.execute()
+
+
+def heartbeat_ttl(info: dict[str, str]) -> float:
+    """The heartbeat TTL a worker announced (older workers did not: the default)."""
+    try:
+        return float(info.get("ttl", HEARTBEAT_TTL))
+    except ValueError:
+        return float(HEARTBEAT_TTL)
 
 
 def live_workers(r: redis.Redis, keys: Keys = KEYS) -> list[dict[str, str]]:
@@ -202,7 +271,7 @@ def live_workers(r: redis.Redis, keys: Keys = KEYS) -> list[dict[str, str]]:
     now = time.time()
     for wid, h in zip(ids, pipe.execute(), strict=True):
         info = {_s(k): _s(v) for k, v in h.items()}
-        if info and now - float(info.get("last_seen", 0)) < HEARTBEAT_TTL:
+        if info and now - float(info.get("last_seen", 0)) < heartbeat_ttl(info):
             alive.append(info)
         elif not info:
             dead.append(wid)

@@ -25,6 +25,7 @@ from syshax.shared.tokenizer import Tokenizer
 
 from . import errors
 from .auth import check_api_key
+from .body_limit import BodyLimitMiddleware
 from .errors import REDIS_DOWN, APIError, worker_error
 from .generation import ClientGone, Generation
 from .metrics import Metrics
@@ -137,6 +138,7 @@ class Gateway:
             finally:
                 gen.close()
                 self.metrics.running.dec()
+                self.spawn(self.ended(plan.request_id))
             return JSONResponse(gen.response(self.tokenizer))
         # Streaming: wait for the first event, so a failure before any byte is a real HTTP
         # error (status + OpenAI body), never a 200 with an error inside.
@@ -164,6 +166,8 @@ class Gateway:
             if not ended:
                 ended = True
                 self.metrics.running.dec()
+                if status != 499:
+                    self.spawn(self.ended(gen.request_id))
 
         def on_disconnect() -> None:
             on_end(499)
@@ -185,20 +189,38 @@ class Gateway:
             except REDIS_DOWN:
                 pass
         await gen.cancel()
+        await self.ended(gen.request_id)
+
+    async def ended(self, request_id: str) -> None:
+        """The request is over (done, failed or cancelled): its resume info is kept as long as
+        its output (`output_ttl`), and marked, so a resume after the output expired is a 404."""
+        key = self.keys.request_info(request_id)
+        try:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.hset(key, "ended", 1)
+                pipe.expire(key, max(1, int(self.settings.output_ttl)))
+                await pipe.execute()
+        except REDIS_DOWN:
+            pass  # the info still expires with request_timeout + output_ttl
 
     async def resume(self, request: Request, request_id: str) -> StreamingResponse:
         assert self.broker is not None
         info_key = self.keys.request_info(request_id)
-        raw = await self.redis.hget(info_key, "info")
+        raw, ended = await self.redis.hmget(info_key, ["info", "ended"])
+        gone = APIError(
+            404,
+            f"no request {request_id!r} (unknown, or its output expired)",
+            param="request_id",
+            code="request_not_found",
+        )
         if raw is None:
-            raise APIError(
-                404,
-                f"no request {request_id!r} (unknown, or its output expired)",
-                param="request_id",
-                code="request_not_found",
-            )
+            raise gone
         info = json.loads(raw)
         n = int(info["n"])
+        over = ended is not None or time.time() > float(info["deadline"])
+        # Over: what is left to serve is its output stream, if it has not expired yet.
+        if over and not any([await self.broker.request_exists(j) for j in job_ids(request_id, n)]):
+            raise gone
         last = request.headers.get("last-event-id") or request.query_params.get("last_event_id")
         after = [-1] * n
         if last:
@@ -350,7 +372,8 @@ def create_app(
     app = FastAPI(title="sysHAX gateway", lifespan=lifespan)
     app.state.gateway = gw
     errors.install(app)
-    app.add_middleware(RequestMetricsMiddleware, metrics=gw.metrics)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(RequestMetricsMiddleware, metrics=gw.metrics)  # outermost: counts all
 
     def authenticated(request: Request) -> None:
         check_api_key(request, settings.api_keys)

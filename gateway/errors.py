@@ -30,6 +30,7 @@ _TYPES = {
     403: "permission_error",
     404: "not_found_error",
     405: "invalid_request_error",
+    413: "invalid_request_error",
     429: "rate_limit_error",
     500: "internal_error",
     503: "service_unavailable",
@@ -127,7 +128,8 @@ def validation_error(exc: RequestValidationError) -> APIError:
     param = _param(tuple(first.get("loc", ())))
     # A union (e.g. prompt: string | list) reports one error per member: say them together.
     same = [e for e in errors if _param(tuple(e.get("loc", ()))) == param]
-    msgs = list(dict.fromkeys(str(e.get("msg", "invalid value")) for e in same))
+    msgs = [str(e.get("msg", "invalid value")).removeprefix("Value error, ") for e in same]
+    msgs = list(dict.fromkeys(msgs))
     message = "; or ".join(msgs)
     message = f"{param}: {message}" if param else message
     others = len(errors) - len(same)
@@ -148,9 +150,16 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         message = str(exc.detail) if exc.detail else "error"
+        code = None
         if exc.status_code == 404:
             message = f"no such route: {request.method} {request.url.path}"
-        return APIError(exc.status_code, message, headers=dict(exc.headers or {})).response()
+        elif exc.status_code == 413:
+            code = "request_too_large"
+        elif exc.status_code == 400 and message == "There was an error parsing the body":
+            # FastAPI's answer to a body json.loads cannot even read (e.g. invalid UTF-8).
+            message, code = "the request body is not valid JSON text (UTF-8)", "invalid_json"
+        headers = dict(exc.headers or {})
+        return APIError(exc.status_code, message, code=code, headers=headers).response()
 
     for cls in (RedisConnectionError, RedisTimeoutError):
 

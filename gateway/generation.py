@@ -17,12 +17,14 @@ from syshax.broker.client import BrokerClient, TokenSubscription, queue_get
 from syshax.broker.schemas import TokenEvent
 from syshax.shared.tokenizer import Tokenizer
 
-from .errors import APIError, worker_error
+from .errors import REDIS_DOWN, APIError, worker_error
 from .metrics import Metrics
 from .prepare import CHAT
 
 log = logging.getLogger(__name__)
 DISCONNECT_CHECK = 0.5  # seconds between client-disconnect checks while waiting
+LIVENESS_CHECK = 2.0  # seconds without an event before checking that the request still exists
+BROKER_OUTAGE_LIMIT = 10.0  # seconds of unreachable Redis after which a waiting request fails
 
 
 class ClientGone(Exception):
@@ -86,6 +88,8 @@ class Generation:
         self._open = len(job_ids)
         self.first_token_at: float | None = None
         self._checked = time.monotonic()  # last client-disconnect check
+        self._alive_checked = time.monotonic()  # last check that the request still exists
+        self._down_since: float | None = None  # Redis unreachable since (monotonic)
         self.finished = False  # metrics recorded, nothing left to cancel
 
     # ---- feed ------------------------------------------------------------------------------
@@ -157,7 +161,33 @@ class Generation:
                     raise ClientGone()
             item = await self.next_event(min(remaining, DISCONNECT_CHECK))
             if item is not None or self._open == 0:
+                self._alive_checked = time.monotonic()
                 return item
+            await self._check_alive()
+
+    async def _check_alive(self) -> None:
+        """After a quiet while, make sure the request still exists: a Redis that restarted
+        without its data (or stayed unreachable too long) took the job with it, and no token
+        will ever come. Fail then (503, retry) instead of waiting for request_timeout."""
+        now = time.monotonic()
+        if now - self._alive_checked < LIVENESS_CHECK:
+            return
+        self._alive_checked = now
+        try:
+            exists = await self.broker.redis.exists(self.broker.keys.request_info(self.request_id))
+        except REDIS_DOWN:
+            self._down_since = self._down_since or now
+            if now - self._down_since >= BROKER_OUTAGE_LIMIT:
+                raise
+            return
+        self._down_since = None
+        if not exists:
+            raise APIError(
+                503,
+                "the request was lost: the message broker (Redis) restarted without it; retry",
+                code="request_lost",
+                headers={"Retry-After": "1"},
+            )
 
     # ---- state -----------------------------------------------------------------------------
     def apply(self, i: int, event: TokenEvent) -> Choice:

@@ -6,13 +6,42 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 MAX_N = 16
+MAX_TOP_K = 2**31 - 1
+
+
+def _unicode_problem(data: Any) -> str | None:
+    """Where the parsed JSON holds a string that is not valid Unicode: JSON's \\uD800-style
+    escapes can encode lone UTF-16 surrogates, which no tokenizer (nor UTF-8) can take."""
+    stack: list[tuple[str, Any]] = [("", data)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                return path or "body"
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                stack.append((f"{path}.{k}" if path else str(k), k))
+                stack.append((f"{path}.{k}" if path else str(k), v))
+        elif isinstance(value, list):
+            stack.extend((f"{path}[{i}]", v) for i, v in enumerate(value))
+    return None
 
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_unicode(cls, data: Any) -> Any:
+        where = _unicode_problem(data)
+        if where is not None:
+            raise ValueError(f"{where}: not valid Unicode (a lone UTF-16 surrogate escape)")
+        return data
 
 
 class StreamOptions(_Body):
@@ -32,7 +61,7 @@ class _Generation(_Body):
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    top_k: int | None = Field(default=None, ge=-1)  # extension (vLLM): -1 or 0 = off
+    top_k: int | None = Field(default=None, ge=-1, le=MAX_TOP_K)  # extension (vLLM): -1/0 = off
     seed: int | None = Field(default=None, ge=0, lt=2**63)
     stop: str | list[str] | None = None
     n: int = 1

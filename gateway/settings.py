@@ -28,6 +28,7 @@ class GatewaySettings:
     disconnect_grace: float = 0.5  # seconds a dropped stream waits for a resume before cancel
     shutdown_timeout: float = 30.0  # seconds open streams get to finish on SIGTERM
     retry_after: int = 1  # seconds, for 429/503 responses
+    max_body_bytes: int = 10 * 2**20  # larger request bodies get 413 (0 = no limit)
 
     def model_path(self) -> Path:
         return default_model_path() if self.model in ("", "default") else Path(self.model)

@@ -3,6 +3,8 @@
 The gateway needs a GGUF's tokenizer metadata at start-up. `gguf.GGUFReader` parses every array
 element into its own numpy view and takes seconds on a 49k-token vocabulary; reading just the
 key/value section with `struct` takes tens of milliseconds and touches no tensor data.
+`read_gguf_info` also reads the tensor infos (names, shapes, types, offsets), so a weight loader
+can map each tensor's bytes itself.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import mmap
 import struct
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -106,12 +109,52 @@ class _Cursor:
         raise GGUFError(f"{self.path}: unknown GGUF metadata value type {vtype} at byte {self.pos}")
 
 
+@dataclass(frozen=True)
+class GGUFTensorInfo:
+    """One tensor-info entry of a GGUF file, as stored (nothing is checked against the data)."""
+
+    name: str
+    dims: tuple[int, ...]  # innermost (contiguous) dimension first, as GGUF lists them
+    ggml_type: int  # a ggml_type id (gguf.GGMLQuantizationType), not checked here
+    offset: int  # of the tensor's first byte, relative to GGUFInfo.data_offset
+
+
+@dataclass(frozen=True)
+class GGUFInfo:
+    """Everything of a GGUF file but its tensor data."""
+
+    version: int
+    metadata: dict[str, Any]  # as `read_gguf_metadata` returns it
+    # key -> GGUF value type ids: (type,) for a scalar, (ARRAY, item type) for an array; e.g. to
+    # tell a float32 value (6) from a float64 (12), which both read as a Python float.
+    value_types: dict[str, tuple[int, ...]]
+    tensors: list[GGUFTensorInfo]
+    alignment: int  # general.alignment, 32 by default
+    data_offset: int  # absolute file offset of the tensor data section (aligned)
+    file_size: int
+
+
+DEFAULT_ALIGNMENT = 32
+
+
 def read_gguf_metadata(path: str | Path) -> dict[str, Any]:
     """All key/value metadata of a GGUF file (v2/v3), as plain Python values.
 
     Tensor infos and data are not read. Raises FileNotFoundError or GGUFError.
     """
-    path = Path(path)
+    return _read(Path(path), with_tensors=False).metadata
+
+
+def read_gguf_info(path: str | Path) -> GGUFInfo:
+    """Metadata, metadata value types, tensor infos and the data start of a GGUF file (v2/v3).
+
+    Tensor data is not read (nor checked against the file size: that takes the ggml type sizes,
+    which the weight loader has). Raises FileNotFoundError or GGUFError.
+    """
+    return _read(Path(path), with_tensors=True)
+
+
+def _read(path: Path, with_tensors: bool) -> GGUFInfo:
     with open(path, "rb") as fh:
         # mmap: a 100 MB-70 GB model file is never read beyond its metadata section.
         try:
@@ -126,10 +169,39 @@ def read_gguf_metadata(path: str | Path) -> dict[str, Any]:
         version = cur.unpack("I", 4)
         if version not in (2, 3):
             raise GGUFError(f"{path}: unsupported GGUF version {version} (supported: 2, 3)")
-        cur.unpack("Q", 8)  # tensor count: not needed here
+        tensor_count = cur.unpack("Q", 8)
         kv_count = cur.unpack("Q", 8)
         metadata: dict[str, Any] = {}
+        value_types: dict[str, tuple[int, ...]] = {}
         for _ in range(kv_count):
             key = cur.string()
-            metadata[key] = cur.value(cur.unpack("I", 4))
-        return metadata
+            vtype = cur.unpack("I", 4)
+            if vtype == _ARRAY:
+                cur._need(4)
+                value_types[key] = (vtype, struct.unpack_from("<I", buf, cur.pos)[0])
+            else:
+                value_types[key] = (vtype,)
+            metadata[key] = cur.value(vtype)
+        if not with_tensors:
+            return GGUFInfo(version, metadata, value_types, [], DEFAULT_ALIGNMENT, 0, len(buf))
+
+        tensors = []
+        names: set[str] = set()
+        for _ in range(tensor_count):
+            name = cur.string()
+            if name in names:
+                raise GGUFError(f"{path}: tensor {name!r} is listed twice")
+            names.add(name)
+            n_dims = cur.unpack("I", 4)
+            cur._need(8 * n_dims)
+            dims = struct.unpack_from(f"<{n_dims}Q", buf, cur.pos)
+            cur.pos += 8 * n_dims
+            ggml_type = cur.unpack("I", 4)
+            offset = cur.unpack("Q", 8)
+            tensors.append(GGUFTensorInfo(name, dims, ggml_type, offset))
+
+        alignment = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
+        if isinstance(alignment, bool) or not isinstance(alignment, int) or alignment <= 0:
+            raise GGUFError(f"{path}: bad general.alignment {alignment!r}")
+        data_offset = -(-cur.pos // alignment) * alignment
+        return GGUFInfo(version, metadata, value_types, tensors, alignment, data_offset, len(buf))

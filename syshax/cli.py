@@ -20,6 +20,15 @@ COMMANDS = {
     ),
     "worker": ("syshax.commands.worker", "Run one worker (prefill and/or decode) on one device."),
     "gateway": ("syshax.commands.gateway", "Run the OpenAI-compatible HTTP gateway."),
+    "top": ("syshax.commands.top", "Live view of workers, queues and dispatcher decisions."),
+    "batch": (
+        "syshax.commands.batch",
+        "Offline batches of requests as rq jobs: submit, status, results, cancel, worker.",
+    ),
+    "dashboard": (
+        "syshax.commands.dashboard",
+        "Run rq-dashboard on the farm's Redis (batch jobs).",
+    ),
 }
 
 

@@ -56,8 +56,10 @@ class EchoEngine:
             from syshax.shared.detokenizer import IncrementalDetokenizer
 
             seq.detokenizer = IncrementalDetokenizer(
-                self.tokenizer, stop=params.stop, prompt_ids=seq.all_ids
+                self.tokenizer, stop=params.stop, prompt_ids=seq.prompt_ids
             )
+            for token_id in seq.output_ids:  # continued elsewhere: replay, as Engine does
+                seq.detokenizer.add(token_id)
         self.sequences[rid] = seq
         return seq
 

@@ -25,8 +25,16 @@ import redis
 from syshax.broker.dispatcher import Dispatcher
 from syshax.broker.keys import KEYS, Keys
 from syshax.broker.kv_store import KVStore, KVStoreError
-from syshax.broker.schemas import DecodeJob, KVHandle, PrefillJob, SchemaError, TokenEvent
+from syshax.broker.schemas import (
+    DecodeJob,
+    KVHandle,
+    PrefillJob,
+    SchemaError,
+    TokenEvent,
+    check_types,
+)
 from syshax.broker.worker_io import (
+    HEARTBEAT_TTL,
     CancelWatcher,
     Entry,
     Heartbeat,
@@ -37,7 +45,13 @@ from syshax.broker.worker_io import (
 )
 from syshax.shared.sampling import SamplingError, SamplingParams
 
+from .metrics import WorkerMetrics
+
 log = logging.getLogger(__name__)
+# While sequences run, look for new work at most this often. A real model's step takes
+# longer than this anyway; it only keeps a very fast engine (the echo stand-in, a big GPU)
+# from spending a Redis round trip per step on polling.
+POLL_INTERVAL_S = 0.005
 
 
 @dataclass
@@ -65,6 +79,7 @@ class WorkerOptions:
     kv_ttl: float = 120.0
     output_ttl: int = 600
     heartbeat_s: float = 1.0
+    heartbeat_ttl: float = HEARTBEAT_TTL  # silent this long = dead: others claim our jobs
     claim_s: float = 2.0
     sweep_s: float = 5.0
     block_ms: int = 100
@@ -72,9 +87,16 @@ class WorkerOptions:
 
 class Worker:
     def __init__(
-        self, engine, r: redis.Redis, opts: WorkerOptions, dispatcher: Dispatcher, keys: Keys = KEYS
+        self,
+        engine,
+        r: redis.Redis,
+        opts: WorkerOptions,
+        dispatcher: Dispatcher,
+        keys: Keys = KEYS,
+        metrics: WorkerMetrics | None = None,
     ):
         self.engine, self.r, self.opts, self.keys = engine, r, opts, keys
+        self.metrics = metrics or WorkerMetrics(opts.worker_id, opts.device_class)
         self.dispatcher = dispatcher
         streams = []
         if "decode" in opts.roles:
@@ -85,16 +107,22 @@ class Worker:
         self.queues.ensure_groups()
         # Batch traffic has its own stream, read only when the interactive ones gave nothing.
         self.batch_queue = None
+        self.idle_queues = self.queues  # what an idle worker blocks on: everything it serves
         if "prefill" in opts.roles:
             self.batch_queue = WorkQueues(r, [keys.prefill_batch_stream], opts.worker_id, keys)
             self.batch_queue.ensure_groups()
+            self.idle_queues = WorkQueues(
+                r, [*streams, keys.prefill_batch_stream], opts.worker_id, keys
+            )
         self.publisher = TokenPublisher(r, keys, opts.output_ttl)
         self.cancels = CancelWatcher(r, keys)
-        self.heartbeat = Heartbeat(r, opts.worker_id, keys)
+        self.heartbeat = Heartbeat(r, opts.worker_id, keys, ttl=opts.heartbeat_ttl)
         self.kv = KVStore(r, keys, ttl=opts.kv_ttl, worker_id=opts.worker_id)
         self.jobs: dict[str, Job] = {}
         self.backlog: deque[Job] = deque()  # decode jobs waiting for a free slot
         self.draining = False
+        self._prompt_tokens_seen = 0
+        self._last_poll = 0.0
         self._timers = {"heartbeat": 0.0, "claim": 0.0, "sweep": 0.0}
         self._workers_cache: tuple[float, list[dict]] = (0.0, [])
 
@@ -102,11 +130,13 @@ class Worker:
 
     def serve(self, stop: threading.Event, drain_timeout: float = 30.0) -> None:
         self.heartbeat.beat(**self._load_fields())
+        self.take_back_own()
         while not stop.is_set():
             self.iterate()
         self.drain(drain_timeout)
 
     def iterate(self) -> None:
+        self.metrics.last_turn = time.monotonic()
         self._cancel(self.cancels.poll())
         idle = not self.engine.has_unfinished() and not self.backlog
         if not self.draining:
@@ -119,7 +149,15 @@ class Worker:
         now = time.monotonic()
         if now >= self._timers["heartbeat"]:
             self._timers["heartbeat"] = now + self.opts.heartbeat_s
-            self.heartbeat.beat(**self._load_fields())
+            fields = self._load_fields()
+            self.heartbeat.beat(**fields)
+            m = self.metrics
+            m.running.set(fields["running"])
+            m.waiting.set(fields["waiting"])
+            m.capacity.set(fields["capacity"])
+            m.decode_tps.set(fields["decode_tps"])
+            m.prompt_tokens.inc(self.engine.stats.prompt_tokens - self._prompt_tokens_seen)
+            self._prompt_tokens_seen = self.engine.stats.prompt_tokens
         if now >= self._timers["claim"] and not self.draining:
             self._timers["claim"] = now + self.opts.claim_s
             live = {w["id"] for w in self._live_workers(force=True)}
@@ -130,15 +168,26 @@ class Worker:
             self._timers["sweep"] = now + self.opts.sweep_s
             self.kv.sweep()
 
+    def take_back_own(self) -> None:
+        """Jobs still pending under our id (an earlier process with this id died, or we lost
+        Redis): nobody else claims them while we heartbeat, so resume them here."""
+        for entry in self.queues.own_pending():
+            log.warning("taking back job %s left pending under our id", entry.entry_id)
+            self._accept(entry)  # decode jobs wait in the backlog for a free slot
+
     def _take(self, free: int, idle: bool) -> list[Entry]:
         """Interactive work first; batch work only with slots to spare; block only when idle."""
+        now = time.monotonic()
+        if not idle and now - self._last_poll < POLL_INTERVAL_S:
+            return []
+        self._last_poll = now
         entries = self.queues.read(free, None)
         if self.batch_queue is not None and free - len(entries) > 0 and not entries:
             entries = self.batch_queue.read(free, None)
         if not entries and idle:
-            # Nothing anywhere: wait on the interactive streams (they are what must be fast);
-            # batch work is picked up on the next turn.
-            entries = self.queues.read(free, self.opts.block_ms)
+            # Nothing anywhere: block on every stream. Both were just seen empty, so whatever
+            # arrives first is served first; priority only matters while work waits.
+            entries = self.idle_queues.read(free, self.opts.block_ms)
         return entries
 
     def _free_slots(self) -> int:
@@ -174,13 +223,18 @@ class Worker:
             return
         is_prefill = entry.stream in (self.keys.prefill_stream, self.keys.prefill_batch_stream)
         try:
+            if not entry.data:
+                raise SchemaError("the entry has no job field 'j'")
             msg = (PrefillJob if is_prefill else DecodeJob).unpack(entry.data)
             params = SamplingParams.from_dict(msg.params)
+            check_types(params)  # a float seed or str stop id would fail a whole engine step
+            kv = KVHandle(**msg.kv) if not is_prefill and msg.kv else None
+            if kv is not None:
+                kv._check_types()
         except (SchemaError, SamplingError, TypeError) as exc:
             self.queues.dead_letter(entry, f"undecodable job: {exc}")
             return
         rid = msg.request_id
-        kv = KVHandle(**msg.kv) if not is_prefill and msg.kv else None
         if self.cancels.is_cancelled(rid) or (msg.deadline and time.time() > msg.deadline):
             if kv:
                 self.kv.free(kv.handle_id)
@@ -192,6 +246,8 @@ class Worker:
         if entry.reclaimed:
             delivered = self.publisher.delivered(rid)
             if delivered and (delivered[-1].finish_reason or delivered[-1].error):
+                if kv:
+                    self.kv.free(kv.handle_id)
                 self.queues.ack(entry)  # finished before its worker died: nothing to do
                 return
             job.output_ids = [ev.token_id for ev in delivered]
@@ -217,15 +273,21 @@ class Worker:
 
     def _start_decode(self, job: Job) -> None:
         msg, rid = job.msg, job.request_id
-        if msg.kv and not job.entry.reclaimed:
+        if msg.kv and job.output_ids == list(msg.output_ids):
             handle = KVHandle(**msg.kv)
             try:
                 blob = self.kv.take(handle)
                 self.engine.import_kv(rid, blob, msg.prompt_ids, job.output_ids, job.params)
+                self.metrics.kv_imports.inc()
                 return
             except (KVStoreError, ValueError) as exc:
                 log.warning("KV for %s unusable (%s); recomputing from tokens", rid, exc)
+        elif msg.kv:
+            # Reclaimed after more tokens were delivered: the lease is stale; free it now
+            # rather than leave it to the sweeper.
+            self.kv.free(msg.kv["handle_id"])
         self.engine.resume_request(rid, msg.prompt_ids, job.output_ids, job.params)
+        self.metrics.kv_recomputes.inc()
 
     def _guard(self, job: Job, start) -> None:
         """Start a job; a request the engine refuses ends with an error event, not a crash."""
@@ -269,6 +331,7 @@ class Worker:
                 )
             )
         self.publisher.publish(events)  # the first token goes out before any KV handoff
+        self.metrics.generation_tokens.inc(len(outs))
         for o in outs:
             job = self.jobs.get(o.request_id)
             if job is None:
@@ -293,6 +356,7 @@ class Worker:
             return
         output_ids = list(seq.output_ids)
         blob = self.engine.export_kv(rid)
+        self.metrics.kv_exports.inc()
         handle = self.kv.put(
             blob, self.engine.describe_kv(blob), rid, self._store_for(decision.device)
         )
@@ -308,8 +372,15 @@ class Worker:
             deadline=msg.deadline,
             priority=msg.priority,
         )
-        self.r.xadd(self.keys.decode_stream(decision.device), {"j": decode.pack()})
-        self._done(job)
+        # One MULTI: the decode job exists if and only if the prefill entry is acked, so a
+        # worker that dies here never leaves both (two decoders) or neither (a lost request).
+        entry = job.entry
+        pipe = self.r.pipeline(transaction=True)
+        pipe.xadd(self.keys.decode_stream(decision.device), {"j": decode.pack()})
+        pipe.xack(entry.stream, self.queues.group, entry.entry_id)
+        pipe.xdel(entry.stream, entry.entry_id)
+        pipe.execute()
+        self.jobs.pop(rid, None)
 
     def _store_for(self, device_class: str) -> str:
         if self.opts.kv_store != "auto":
@@ -327,6 +398,7 @@ class Worker:
         pipe.ltrim(self.keys.dispatch_log, 0, 99)
         pipe.incr(self.keys.dispatch_count(decision.device))
         pipe.execute()
+        self.metrics.dispatch.labels(**self.metrics.labels, device=decision.device).inc()
 
     # ---- endings ------------------------------------------------------------------------
 
@@ -348,7 +420,13 @@ class Worker:
         )
         if job in self.backlog:
             self.backlog.remove(job)
+            self._free_lease(job)
         self._done(job)
+
+    def _free_lease(self, job: Job) -> None:
+        """Free the KV lease of a decode job that never started (started ones took it)."""
+        if job.kind == "decode" and job.msg.kv:
+            self.kv.free(job.msg.kv["handle_id"])
 
     def _cancel(self, request_ids: set[str]) -> None:
         for rid in request_ids:
@@ -357,8 +435,7 @@ class Worker:
                 self.engine.abort(rid)
                 if job in self.backlog:
                     self.backlog.remove(job)
-                    if job.msg.kv:
-                        self.kv.free(job.msg.kv["handle_id"])
+                    self._free_lease(job)
                 self._done(job)
             self.kv.free_request(rid)
 

@@ -68,6 +68,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="seconds a dropped stream waits for a resume before it is cancelled (default: %(default)s)",
     )
     opt(
+        "--max-body-bytes",
+        type=int,
+        default=10 * 2**20,
+        help="larger request bodies are refused with 413; 0 = no limit (default: %(default)s)",
+    )
+    opt(
         "--shutdown-timeout",
         type=float,
         default=30.0,
@@ -104,6 +110,7 @@ def settings_from_args(args: argparse.Namespace):
         port=pick(args.port, cfg.conductor.port),
         disconnect_grace=args.disconnect_grace,
         shutdown_timeout=args.shutdown_timeout,
+        max_body_bytes=args.max_body_bytes,
     )
 
 

@@ -98,6 +98,8 @@ def _children(args, cfg, config_path: str | None, url: str) -> list[Child]:
                 + common,
             )
         )
+    # Offline batches (rq jobs on the batch queue) enter the farm through its batch stream.
+    workers.append(Child("batch-worker", base + ["batch", "worker"] + common))
     gateway = [] if args.no_gateway else [Child("gateway", base + ["gateway"] + common)]
     return gateway + workers
 

@@ -8,9 +8,12 @@ import os
 import signal
 import socket
 import threading
+import time
 import uuid
 
 log = logging.getLogger("syshax.worker")
+MAX_BACKOFF = 10.0  # seconds between reconnection attempts while Redis is down, at most
+STABLE_S = 30.0  # connected this long: the backoff starts again from its shortest wait
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -68,6 +71,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="echo = zero-cost stand-in for overhead benchmarks (default: %(default)s)",
     )
     p.add_argument(
+        "--step-delay",
+        type=float,
+        default=0.0,
+        help="echo engine only: seconds per engine step, so a generation lasts long enough to "
+        "kill a worker mid-stream in reliability tests (default: %(default)s)",
+    )
+    p.add_argument(
+        "--heartbeat-ttl",
+        type=float,
+        default=None,
+        help="seconds without a heartbeat after which this worker counts as dead and its jobs "
+        "are claimed by others; heartbeats are sent every second, so at least 2 "
+        "(default: 10)",
+    )
+    p.add_argument(
         "--drain-timeout",
         type=float,
         default=30.0,
@@ -93,7 +111,10 @@ def _build_engine(args, cfg, device: str, slots: int):
 
         tok = Tokenizer.from_model_path(resolve_model_path(model))
         return EchoEngine(
-            tok, max_model_len=args.max_model_len or cfg.max_model_len, max_num_seqs=slots
+            tok,
+            max_model_len=args.max_model_len or cfg.max_model_len,
+            max_num_seqs=slots,
+            step_delay=args.step_delay,
         )
     from syshax.workers.engine.engine import Engine
 
@@ -135,6 +156,15 @@ def run(args: argparse.Namespace) -> int:
     slots = args.max_batch_size or (
         cfg.gpu.max_batch_size if cls == "gpu" else cfg.cpu_max_batch_size
     )
+    if args.step_delay and args.engine != "echo":
+        log.error("--step-delay is for the echo engine only (--engine echo)")
+        return 2
+    if args.step_delay < 0:
+        log.error("--step-delay must be >= 0, got %s", args.step_delay)
+        return 2
+    if args.heartbeat_ttl is not None and args.heartbeat_ttl < 2:
+        log.error("--heartbeat-ttl must be at least 2 seconds, got %s", args.heartbeat_ttl)
+        return 2
     url = args.redis_url or cfg.redis.url
     if not url:
         log.error(
@@ -153,6 +183,8 @@ def run(args: argparse.Namespace) -> int:
         kv_ttl=cfg.kv.ttl,
         output_ttl=cfg.output.ttl,
     )
+    if args.heartbeat_ttl is not None:
+        opts.heartbeat_ttl = args.heartbeat_ttl
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -160,10 +192,15 @@ def run(args: argparse.Namespace) -> int:
         auto_pd_offload=cfg.auto_pd_offload, cpu_max_batch_size=cfg.cpu_max_batch_size
     )
     r = redis.Redis.from_url(url, health_check_interval=10)
-    backoff = 0.5
+    backoff, connected_at = 0.5, 0.0
+    worker = None
     while not stop.is_set():
         try:
+            if worker is not None:
+                worker.cancels.close()  # the lost connection's pub/sub
+            worker = None
             worker = Worker(engine, r, opts, dispatcher, Keys(cfg.redis.prefix))
+            connected_at = time.monotonic()
             log.warning(
                 "worker %s ready: roles=%s device=%s class=%s slots=%d",
                 worker_id,
@@ -174,13 +211,16 @@ def run(args: argparse.Namespace) -> int:
             )
             worker.serve(stop, drain_timeout=args.drain_timeout)
             return 0
-        except redis.ConnectionError as exc:
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
             # Redis restarting: keep the engine (loading it is the slow part), retry with a
             # capped exponential backoff, never crash-loop.
+            if connected_at and time.monotonic() - connected_at > STABLE_S:
+                backoff = 0.5  # it had been up a while: a new outage starts with short waits
+            connected_at = 0.0
             log.warning("Redis unreachable (%s); retrying in %.1fs", exc, backoff)
             _abort_all(engine)
             stop.wait(backoff)
-            backoff = min(backoff * 2, 10.0)
+            backoff = min(backoff * 2, MAX_BACKOFF)
             continue
     return 0
 

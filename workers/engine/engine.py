@@ -188,8 +188,15 @@ class Engine:
             return None
         from syshax.shared.detokenizer import IncrementalDetokenizer
 
-        # Prime with every token so far: text already delivered is not emitted again.
-        return IncrementalDetokenizer(self.tokenizer, stop=seq.params.stop, prompt_ids=seq.all_ids)
+        det = IncrementalDetokenizer(
+            self.tokenizer, stop=seq.params.stop, prompt_ids=seq.prompt_ids
+        )
+        # A sequence that continues elsewhere (KV import, resume after a crash): replay the
+        # tokens generated so far, so the detokenizer holds what the first one held (half a
+        # UTF-8 character, a possible stop-string prefix) and the text continues seamlessly.
+        for token_id in seq.output_ids:
+            det.add(token_id)
+        return det
 
     def abort(self, request_id: str) -> None:
         """Drop a request wherever it is (waiting or running) and free its slot."""

@@ -14,10 +14,13 @@ What the mapping has to undo:
   inverse (`unpermute_qk`) so the tensors equal the original HF weights. Qwen2 / Qwen3 GGUFs
   use NEOX-style rope in llama.cpp and are stored unpermuted.
 * llama3 rope scaling: llama.cpp does not store its parameters as metadata but as a
-  ``rope_freqs.weight`` tensor of per-frequency divisors; `_llama3_rope_scaling` recovers
-  HF ``rope_scaling`` parameters that reproduce that tensor.
+  ``rope_freqs.weight`` tensor of per-frequency divisors; `gguf_rope.llama3_rope_scaling`
+  recovers HF ``rope_scaling`` parameters that reproduce that tensor.
 
-Reading is memory-mapped (`gguf.GGUFReader`); each tensor is dequantized on its own with
+Reading: the header (metadata and tensor infos) with the struct-based
+`shared.models.read_gguf_info` (`gguf.GGUFReader` makes a numpy view of every element of every
+metadata array and takes seconds on a 49k-token vocabulary), each tensor's bytes as a view of
+one read-only `np.memmap` of the file. Each tensor is dequantized on its own with
 `gguf.quants.dequantize` (the same routine transformers' GGUF loader uses, so results match it
 bit for bit) and converted to the requested dtype.
 """
@@ -29,15 +32,17 @@ import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import gguf
 import numpy as np
 import torch
 from gguf import GGMLQuantizationType, GGUFValueType
+from syshax.shared.models import GGUFError, GGUFInfo, read_gguf_info
 from tqdm import tqdm
 
 from .errors import ModelLoadError
+from .gguf_rope import ROPE_FREQS, permute_qk, rope_scaling, unpermute_qk
 
 __all__ = [
     "GGUFModel",
@@ -97,12 +102,18 @@ _REQUIRED_EXTRA = {
     "qwen3": ("attn_q_norm.weight", "attn_k_norm.weight"),
 }
 _LAYER_RE = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.(weight|bias)$")
-_ROPE_FREQS = "rope_freqs.weight"
 
-# llama.cpp's converter computes rope_freqs with the config's top-level
-# original_max_position_embeddings, which Llama 3.x configs do not have, so 8192 in practice.
-# Only the ratios context/low_freq_factor and context/high_freq_factor shape the curve.
-_LLAMA3_ORIGINAL_CONTEXT = 8192
+# ggml types stored as plain numpy items (viewed as such, like gguf.GGUFReader does); every
+# other type is viewed as uint8 blocks of shape (..., bytes per row).
+_ITEM_TYPES: dict[GGMLQuantizationType, type[np.generic]] = {
+    GGMLQuantizationType.F16: np.float16,
+    GGMLQuantizationType.F32: np.float32,
+    GGMLQuantizationType.F64: np.float64,
+    GGMLQuantizationType.I8: np.int8,
+    GGMLQuantizationType.I16: np.int16,
+    GGMLQuantizationType.I32: np.int32,
+    GGMLQuantizationType.I64: np.int64,
+}
 
 
 @dataclass
@@ -111,8 +122,9 @@ class GGUFModel:
 
     hf_config: dict[str, Any]
     tensors: dict[str, torch.Tensor]
-    # Kept so the tokenizer can be built from the same parsed (memory-mapped) file.
-    reader: gguf.GGUFReader
+    # All key/value metadata of the file as plain Python values (`read_gguf_metadata`'s dict),
+    # e.g. for building the tokenizer without parsing the file again.
+    metadata: dict[str, Any]
     # HF name -> (ggml type, raw block bytes as stored in the file) for Q4_0/Q4_1/Q8_0 tensors:
     # memory-mapped views of the file of shape (rows, bytes per row), not copies.
     # CAUTION: for the `llama` architecture the rows of self_attn.q_proj / k_proj here are
@@ -121,34 +133,6 @@ class GGUFModel:
     # HF row order without requantizing (it copies, q/k are small);
     # `hf_config["num_attention_heads"]` for q, `["num_key_value_heads"]` for k.
     raw: dict[str, tuple[GGMLQuantizationType, np.ndarray]] = field(default_factory=dict)
-
-
-_Array = TypeVar("_Array", np.ndarray, torch.Tensor)
-
-
-def permute_qk(w: _Array, n_heads: int) -> _Array:
-    """llama.cpp's q/k row permutation (HF rotate-half layout -> interleaved), along dim 0.
-
-    ``n_heads`` is the head count of this projection: num_attention_heads for q_proj,
-    num_key_value_heads for k_proj. Within each head, rows [x_0..x_{d/2-1}, y_0..y_{d/2-1}]
-    become [x_0, y_0, x_1, y_1, ...]. Works on weights (rows, cols), biases (rows,) and raw
-    block arrays (rows, bytes), for numpy arrays and torch tensors.
-    """
-    rows = w.shape[0]
-    _check_heads(rows, n_heads)
-    return w.reshape(n_heads, 2, rows // n_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
-def unpermute_qk(w: _Array, n_heads: int) -> _Array:
-    """Inverse of `permute_qk`: llama.cpp's interleaved q/k row order -> HF rotate-half order."""
-    rows = w.shape[0]
-    _check_heads(rows, n_heads)
-    return w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
-def _check_heads(rows: int, n_heads: int) -> None:
-    if n_heads <= 0 or rows % (2 * n_heads):
-        raise ValueError(f"{rows} rows cannot be split into {n_heads} heads of even size")
 
 
 def read_gguf(
@@ -164,28 +148,21 @@ def read_gguf(
     if not path.is_file():
         raise ModelLoadError(f"{path}: no such file")
     try:
-        reader = _Reader(path)
-    except Exception as exc:  # bad magic, truncated header/tensor data, unknown value types
+        info = read_gguf_info(path)
+    except (GGUFError, OSError) as exc:  # bad magic/version, truncated header, unknown types
         raise ModelLoadError(
             f"{path}: not a readable GGUF file ({type(exc).__name__}: {exc})"
         ) from exc
+    by_name = _tensor_views(path, info)
 
-    by_name = {t.name: t for t in reader.tensors}
-    for t in reader.tensors:
-        if t.data.nbytes != t.n_bytes:
-            raise ModelLoadError(
-                f"{path}: tensor {t.name!r} has {t.data.nbytes} bytes of data, expected "
-                f"{t.n_bytes} (truncated file?)"
-            )
-
-    arch = _field(reader, "general.architecture", None)
+    arch = _field(info, "general.architecture", None)
     if arch not in SUPPORTED_GGUF_ARCHITECTURES:
         raise ModelLoadError(
             f"{path}: architecture {arch!r} is not supported; supported: "
             + ", ".join(sorted(SUPPORTED_GGUF_ARCHITECTURES))
         )
 
-    hf_config = _hf_config(reader, path, arch, by_name)
+    hf_config = _hf_config(info, path, arch, by_name)
     names = _map_names(path, arch, hf_config["num_hidden_layers"], by_name)
 
     n_heads = hf_config["num_attention_heads"]
@@ -215,54 +192,65 @@ def read_gguf(
                     raise ModelLoadError(f"{path}: tensor {gguf_name!r}: {exc}") from exc
         tensors[hf_name] = torch.from_numpy(np.ascontiguousarray(arr)).to(dtype)
         if t.tensor_type in RAW_TYPES:
-            raw[hf_name] = (GGMLQuantizationType(t.tensor_type), t.data)
+            raw[hf_name] = (t.tensor_type, t.data)
 
-    return GGUFModel(hf_config=hf_config, tensors=tensors, reader=reader, raw=raw)
+    return GGUFModel(hf_config=hf_config, tensors=tensors, metadata=info.metadata, raw=raw)
 
 
 # ----------------------------------------------------------------------------- tensors
 
 
-class _Reader(gguf.GGUFReader):
-    """GGUFReader that names the tensor whose data runs past the end of a truncated file.
+@dataclass(frozen=True)
+class _Tensor:
+    name: str
+    tensor_type: GGMLQuantizationType
+    shape: tuple[int, ...]  # as GGUF lists dims: innermost first
+    # Read-only view of the file's bytes (np.memmap): items for _ITEM_TYPES, else uint8 blocks
+    # (rows..., bytes per row), as gguf.GGUFReader shapes them.
+    data: np.ndarray
 
-    (Plain GGUFReader fails there with a bare numpy reshape/view error.)
-    """
 
-    def _build_tensors(self, start_offs: int, fields: list[Any]) -> None:
+def _tensor_views(path: Path, info: GGUFInfo) -> dict[str, _Tensor]:
+    """GGUF name -> memory-mapped view of every tensor of the file (in file order)."""
+    data = np.memmap(path, dtype=np.uint8, mode="r")
+    size = data.size  # the file may have changed since its header was read: trust the map
+    views: dict[str, _Tensor] = {}
+    for t in info.tensors:
         try:
-            super()._build_tensors(start_offs, fields)
-        except Exception as exc:
-            culprit = _truncated_tensor(len(self.data), start_offs, fields)
-            if culprit is None:
-                raise
-            raise ValueError(culprit) from exc
+            qtype = GGMLQuantizationType(t.ggml_type)
+        except ValueError:
+            raise ModelLoadError(
+                f"{path}: not a readable GGUF file (tensor {t.name!r} has unknown ggml type "
+                f"{t.ggml_type})"
+            ) from None
+        block, type_size = gguf.GGML_QUANT_SIZES[qtype]
+        start = info.data_offset + t.offset
+        end = start + math.prod(t.dims) * type_size // block
+        if end > size:
+            raise ModelLoadError(
+                f"{path}: tensor {t.name!r} ends at byte {end} but the file has only {size} "
+                "bytes (truncated file?)"
+            )
+        shape = tuple(reversed(t.dims))  # numpy order: outermost first
+        item = _ITEM_TYPES.get(qtype)
+        try:
+            if item is not None:
+                view = data[start:end].view(item).reshape(shape)
+            else:
+                view = data[start:end].reshape(gguf.quants.quant_shape_to_byte_shape(shape, qtype))
+        except ValueError as exc:  # e.g. a row that is not a whole number of quant blocks
+            raise ModelLoadError(f"{path}: tensor {t.name!r}: {exc}") from exc
+        views[t.name] = _Tensor(t.name, qtype, t.dims, view)
+    return views
 
 
-def _truncated_tensor(size: int, start_offs: int, fields: list[Any]) -> str | None:
-    try:  # tensor-info parts: name_len, name, n_dims, dims, type, offset
-        for f in fields:
-            dims, qtype, offset = f.parts[3], int(f.parts[4][0]), int(f.parts[5][0])
-            block, type_size = gguf.GGML_QUANT_SIZES[GGMLQuantizationType(qtype)]
-            end = start_offs + offset + int(np.prod(dims)) * type_size // block
-            if end > size:
-                return (
-                    f"tensor {f.name!r} ends at byte {end} but the file has only {size} bytes "
-                    "(truncated)"
-                )
-    except Exception:  # unexpected reader internals: keep the reader's own error
-        return None
-    return None
-
-
-def _dequantize(path: Path, t: Any) -> np.ndarray:
-    """Dequantize one reader tensor to a float32 array in numpy (HF) axis order, owning its data."""
+def _dequantize(path: Path, t: _Tensor) -> np.ndarray:
+    """Dequantize one tensor to a float32 array in numpy (HF) axis order, owning its data."""
     try:
         arr = gguf.quants.dequantize(t.data, t.tensor_type)
     except Exception as exc:
-        tname = getattr(t.tensor_type, "name", t.tensor_type)
         raise ModelLoadError(
-            f"{path}: tensor {t.name!r} of type {tname} cannot be dequantized "
+            f"{path}: tensor {t.name!r} of type {t.tensor_type.name} cannot be dequantized "
             f"({type(exc).__name__}: {exc})"
         ) from exc
     shape = tuple(int(n) for n in reversed(t.shape))  # GGUF lists dims innermost first
@@ -277,7 +265,7 @@ def _dequantize(path: Path, t: Any) -> np.ndarray:
         ) from exc
 
 
-def _map_names(path: Path, arch: str, n_layers: int, by_name: dict[str, Any]) -> dict[str, str]:
+def _map_names(path: Path, arch: str, n_layers: int, by_name: dict[str, _Tensor]) -> dict[str, str]:
     """GGUF tensor name -> HF name for every tensor of the file; checks nothing is missing."""
     allowed = set(_LAYER_TENSORS)
     if arch != "qwen3":
@@ -287,7 +275,7 @@ def _map_names(path: Path, arch: str, n_layers: int, by_name: dict[str, Any]) ->
         if name in _GLOBAL_TENSORS:
             names[name] = _GLOBAL_TENSORS[name]
             continue
-        if name == _ROPE_FREQS:
+        if name == ROPE_FREQS:
             continue  # turned into hf_config["rope_scaling"]
         m = _LAYER_RE.match(name)
         if m and m.group(2) in allowed and int(m.group(1)) < n_layers:
@@ -313,37 +301,26 @@ def _map_names(path: Path, arch: str, n_layers: int, by_name: dict[str, Any]) ->
 _MISSING = object()
 
 
-def _field(reader: gguf.GGUFReader, key: str, default: Any = _MISSING) -> Any:
+def _field(info: GGUFInfo, key: str, default: Any = _MISSING) -> Any:
     """A metadata value as a Python scalar / str / list; float32 values as their shortest repr."""
-    f = reader.fields.get(key)
-    if f is None:
+    if key not in info.metadata:
         if default is _MISSING:
             raise KeyError(key)
         return default
-    if f.types and f.types[0] == GGUFValueType.ARRAY:
-        return [_scalar(f.parts[i], f.types[-1]) for i in f.data]
-    return _scalar(f.parts[f.data[0]], f.types[0])
-
-
-def _scalar(part: np.ndarray, vtype: GGUFValueType) -> Any:
-    if vtype == GGUFValueType.STRING:
-        return bytes(part).decode("utf-8", errors="replace")
-    value = part[0]
-    if vtype == GGUFValueType.BOOL:
-        return bool(value)
-    if vtype == GGUFValueType.FLOAT32:
+    value = info.metadata[key]
+    if info.value_types[key][-1] == GGUFValueType.FLOAT32:
         # 1e-05 stored as float32 reads back as 9.999999747378752e-06; config.json said 1e-05.
+        if isinstance(value, list):
+            return [float(str(np.float32(v))) for v in value]
         return float(str(np.float32(value)))
-    if vtype == GGUFValueType.FLOAT64:
-        return float(value)
-    return int(value)
+    return value
 
 
 def _hf_config(
-    reader: gguf.GGUFReader, path: Path, arch: str, by_name: dict[str, Any]
+    info: GGUFInfo, path: Path, arch: str, by_name: dict[str, _Tensor]
 ) -> dict[str, Any]:
     def get(key: str, default: Any = _MISSING) -> Any:
-        return _field(reader, f"{arch}.{key}", default)
+        return _field(info, f"{arch}.{key}", default)
 
     def one_int(key: str, value: Any) -> int:
         # A few converters write per-layer arrays; the engine needs one value for all layers.
@@ -384,8 +361,11 @@ def _hf_config(
         raise ModelLoadError(f"{path}: missing metadata key '{arch}.feed_forward_length'")
 
     rope_theta = float(get("rope.freq_base", 10000.0))
+    rope_freqs = None  # llama3 rope scaling, see gguf_rope
+    if ROPE_FREQS in by_name:
+        rope_freqs = _dequantize(path, by_name[ROPE_FREQS]).astype(np.float64)
     hf_arch, model_type = SUPPORTED_GGUF_ARCHITECTURES[arch]
-    model_name = f"{_field(reader, 'general.name', '')} {_field(reader, 'general.basename', '')}"
+    model_name = f"{_field(info, 'general.name', '')} {_field(info, 'general.basename', '')}"
     is_mistral = arch == "llama" and "mistral" in model_name.lower()
     if is_mistral:
         hf_arch, model_type = "MistralForCausalLM", "mistral"
@@ -403,107 +383,17 @@ def _hf_config(
         "hidden_act": "silu",
         "rms_norm_eps": float(get("attention.layer_norm_rms_epsilon", 1e-6)),
         "rope_theta": rope_theta,
-        "rope_scaling": _rope_scaling(reader, path, arch, by_name, rope_theta, head_dim),
+        "rope_scaling": rope_scaling(get, path, rope_freqs, rope_theta, head_dim),
         "max_position_embeddings": int(get("context_length", 2048)),
         "tie_word_embeddings": "output.weight" not in by_name,
-        "bos_token_id": _field(reader, "tokenizer.ggml.bos_token_id", None),
-        "eos_token_id": _field(reader, "tokenizer.ggml.eos_token_id", None),
+        "bos_token_id": _field(info, "tokenizer.ggml.bos_token_id", None),
+        "eos_token_id": _field(info, "tokenizer.ggml.eos_token_id", None),
         "attention_bias": arch == "qwen2" or "blk.0.attn_q.bias" in by_name,
     }
-    pad = _field(reader, "tokenizer.ggml.padding_token_id", None)
+    pad = _field(info, "tokenizer.ggml.padding_token_id", None)
     if pad is not None:
         cfg["pad_token_id"] = pad
     if is_mistral:
         # llama.cpp runs llama-format Mistral files with full attention; so do we.
         cfg["sliding_window"] = None
     return cfg
-
-
-def _rope_scaling(
-    reader: gguf.GGUFReader,
-    path: Path,
-    arch: str,
-    by_name: dict[str, Any],
-    rope_theta: float,
-    head_dim: int,
-) -> dict[str, Any] | None:
-    if _ROPE_FREQS in by_name:
-        rope_dim = int(_field(reader, f"{arch}.rope.dimension_count", head_dim))
-        factors = _dequantize(path, by_name[_ROPE_FREQS]).astype(np.float64).ravel()
-        return _llama3_rope_scaling(path, factors, rope_theta, rope_dim)
-    kind = _field(reader, f"{arch}.rope.scaling.type", None)
-    factor = _field(reader, f"{arch}.rope.scaling.factor", None)
-    if kind is None:
-        linear = _field(reader, f"{arch}.rope.scale_linear", None)  # older key
-        if linear is not None and float(linear) != 1.0:
-            return {"rope_type": "linear", "factor": float(linear)}
-        return None
-    if kind == "none":
-        return None
-    scaling: dict[str, Any] = {"rope_type": kind}
-    if factor is not None:
-        scaling["factor"] = float(factor)
-    orig = _field(reader, f"{arch}.rope.scaling.original_context_length", None)
-    if orig is not None:
-        scaling["original_max_position_embeddings"] = int(orig)
-    return scaling  # e.g. linear / yarn: config.ModelConfig decides whether it runs them
-
-
-def _llama3_factors(
-    rope_dim: int, theta: float, factor: float, low: float, high: float, context: float
-) -> np.ndarray:
-    """The rope_freqs vector llama.cpp's converter writes for these llama3 parameters."""
-    freqs = 1.0 / (theta ** (torch.arange(0, rope_dim, 2, dtype=torch.float32) / rope_dim))
-    wavelen = (2 * math.pi / freqs.double()).numpy()
-    smooth = (context / wavelen - low) / (high - low) if high != low else np.zeros_like(wavelen)
-    mid = 1.0 / ((1 - smooth) / factor + smooth)
-    out = np.where(wavelen < context / high, 1.0, np.where(wavelen > context / low, factor, mid))
-    return out.astype(np.float32).astype(np.float64)
-
-
-def _llama3_rope_scaling(
-    path: Path, factors: np.ndarray, theta: float, rope_dim: int
-) -> dict[str, Any] | None:
-    """HF llama3 rope_scaling parameters that reproduce llama.cpp's rope_freqs divisors.
-
-    Only the two wavelength thresholds (context/high_freq_factor, context/low_freq_factor) and
-    the factor shape the curve, so we fix the context to the 8192 llama.cpp uses and solve for
-    low/high_freq_factor from the values between 1 and factor, where
-    ``smooth = (context / wavelen - low) / (high - low)`` is linear in 1/wavelen.
-    """
-    n = rope_dim // 2
-    if factors.shape != (n,):
-        raise ModelLoadError(
-            f"{path}: tensor {_ROPE_FREQS!r} has {factors.size} values, expected {n}"
-        )
-    if np.allclose(factors, 1.0):
-        return None
-    factor = float(np.float32(factors.max()))
-    ctx = float(_LLAMA3_ORIGINAL_CONTEXT)
-    candidates = [(1.0, 4.0)]  # Llama 3.1 / 3.2 / 3.3 values
-    freqs = 1.0 / (theta ** (torch.arange(0, rope_dim, 2, dtype=torch.float32) / rope_dim))
-    wavelen = (2 * math.pi / freqs.double()).numpy()
-    mid = (factors > 1.0 + 1e-6) & (factors < factor - 1e-6 * factor)
-    if factor > 1.0 and mid.sum() >= 2:
-        smooth = (1.0 / factors[mid] - 1.0 / factor) / (1.0 - 1.0 / factor)
-        slope, intercept = np.polyfit(ctx / wavelen[mid], smooth, 1)
-        if slope > 0:
-            low = -intercept / slope
-            high = low + 1.0 / slope
-            candidates += [(round(low, 4), round(high, 4)), (float(low), float(high))]
-    for low, high in candidates:
-        if low <= 0 or high <= low:
-            continue
-        recomputed = _llama3_factors(rope_dim, theta, factor, low, high, ctx)
-        if np.allclose(recomputed, factors, rtol=1e-5, atol=0.0):
-            return {
-                "rope_type": "llama3",
-                "factor": factor,
-                "low_freq_factor": low,
-                "high_freq_factor": high,
-                "original_max_position_embeddings": _LLAMA3_ORIGINAL_CONTEXT,
-            }
-    raise ModelLoadError(
-        f"{path}: tensor {_ROPE_FREQS!r} does not match llama3 rope scaling "
-        f"(values {np.round(factors, 4).tolist()})"
-    )

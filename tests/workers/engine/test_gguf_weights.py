@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import mmap
 from pathlib import Path
 
 import gguf
@@ -15,14 +16,11 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType
+from syshax.shared.models import read_gguf_metadata
 from syshax.workers.engine.errors import ModelLoadError
-from syshax.workers.engine.gguf_weights import (
-    _LLAMA3_ORIGINAL_CONTEXT,
-    _llama3_rope_scaling,
-    permute_qk,
-    read_gguf,
-    unpermute_qk,
-)
+from syshax.workers.engine.gguf_rope import LLAMA3_ORIGINAL_CONTEXT as _LLAMA3_ORIGINAL_CONTEXT
+from syshax.workers.engine.gguf_rope import llama3_rope_scaling as _llama3_rope_scaling
+from syshax.workers.engine.gguf_weights import permute_qk, read_gguf, unpermute_qk
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -173,6 +171,25 @@ def test_rope_freqs_that_are_not_llama3_are_rejected():
 # ----------------------------------------------------------------------------- synthetic files
 
 
+def _file_map(arr: np.ndarray) -> mmap.mmap | None:
+    """The memory map of a file that `arr` is a view of (None: arr is not a file's view)."""
+    base = arr
+    while isinstance(base, np.ndarray):
+        base = base.base
+    return base if isinstance(base, mmap.mmap) else None
+
+
+def _is_file_view(arr: np.ndarray, path: Path) -> bool:
+    """`arr` is a read-only np.memmap view of `path`'s bytes (no copy), at the right place."""
+    if not isinstance(arr, np.memmap) or Path(arr.filename) != path.resolve():
+        return False
+    file_map = _file_map(arr)
+    if file_map is None or arr.flags.writeable:
+        return False
+    whole = np.frombuffer(file_map, dtype=np.uint8)
+    return np.shares_memory(arr, whole)
+
+
 def _rand(*shape, seed):
     return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
 
@@ -285,7 +302,13 @@ def test_qwen2_mapping_with_bias_and_no_permutation(tmp_path):
     qtype, blocks = m.raw[up]
     assert qtype == GGMLQuantizationType.Q8_0
     assert blocks.shape == (FFN, HIDDEN // 32 * 34) and isinstance(blocks, np.memmap)
-    assert np.shares_memory(blocks, m.reader.data)
+    assert _is_file_view(blocks, path)
+    # ...and they are the bytes gguf's own reader finds for that tensor.
+    (theirs,) = [x for x in gguf.GGUFReader(path).tensors if x.name == "blk.0.ffn_up.weight"]
+    assert np.array_equal(blocks, theirs.data)
+    # The file's metadata comes along as plain Python values.
+    assert m.metadata == read_gguf_metadata(path)
+    assert m.metadata["general.architecture"] == "qwen2"
 
 
 def test_qwen3_q_k_norm_and_head_dim_from_key_length(tmp_path):
@@ -487,7 +510,7 @@ def test_smollm2_config_matches_transformers(ours, reference):
     assert params.get("rope_type", "default") == "default"
 
 
-def test_smollm2_raw_blocks(ours):
+def test_smollm2_raw_blocks(ours, smollm2_path):
     cfg = ours.hf_config
     types = {name: qtype for name, (qtype, _) in ours.raw.items()}
     assert types["model.embed_tokens.weight"] == GGMLQuantizationType.Q8_0
@@ -495,7 +518,7 @@ def test_smollm2_raw_blocks(ours):
     assert {n for n, q in types.items() if q == GGMLQuantizationType.Q4_1} == quantized
     for name in ("model.layers.3.self_attn.k_proj.weight", "model.layers.3.mlp.up_proj.weight"):
         qtype, blocks = ours.raw[name]
-        assert isinstance(blocks, np.memmap) and np.shares_memory(blocks, ours.reader.data)
+        assert _is_file_view(blocks, smollm2_path)
         deq = torch.from_numpy(gguf.quants.dequantize(blocks, qtype))
         if "k_proj" in name:  # raw q/k rows are in llama.cpp's permuted order
             assert not torch.equal(deq, ours.tensors[name])

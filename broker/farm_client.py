@@ -1,0 +1,291 @@
+"""A synchronous client of the farm: one OpenAI request in, its response out, through Redis.
+
+It does what the gateway does for a non-streaming request, without HTTP: the body is
+validated and tokenized by the gateway's own code (`gateway.schemas`, `gateway.prepare`), so
+a batch request fails exactly as it would over HTTP (same 400/404 bodies); one `PrefillJob`
+per choice is `XADD`ed; then the request's output streams (authoritative and lossless) are
+read with `XREAD BLOCK` until every choice has its finish (or error) event. A request that
+times out, or whose caller gives up, is cancelled like the gateway cancels a disconnected
+client (cancel flag + `PUBLISH`), so no worker keeps generating for nobody.
+
+Batch traffic goes to `keys.prefill_batch_stream` (priority >= 1): workers read it only when
+no interactive prefill job waits, so a batch never starves interactive requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+from pydantic import ValidationError
+from syshax.gateway.errors import APIError, validation_error, worker_error
+from syshax.gateway.generation import Choice, chat_logprobs, text_logprobs
+from syshax.gateway.prepare import CHAT, TEXT, Plan, Preparer, job_ids
+from syshax.gateway.schemas import ChatCompletionRequest, CompletionRequest
+from syshax.gateway.settings import GatewaySettings
+from syshax.shared.tokenizer import Tokenizer
+
+from .keys import KEYS, Keys
+from .schemas import SchemaError, TokenEvent
+
+URLS = {"/v1/chat/completions": CHAT, "/v1/completions": TEXT}
+
+
+class FarmTimeout(Exception):
+    """The request did not finish before its deadline (it was cancelled)."""
+
+
+class FarmCancelled(Exception):
+    """The caller gave up (`should_cancel` returned true); the request was cancelled."""
+
+
+@dataclass
+class FarmResult:
+    """An HTTP-like answer: the status the gateway would have sent, and its JSON body."""
+
+    status_code: int
+    body: dict[str, Any]
+    request_id: str = ""
+    tokens: int = 0  # generated tokens, every choice together
+
+    @property
+    def ok(self) -> bool:
+        return 200 <= self.status_code < 300
+
+
+@dataclass
+class _Reading:
+    """Per-request state of `collect`: one Choice per job id, the stream cursors."""
+
+    choices: list[Choice]
+    cursors: dict[str, str] = field(default_factory=dict)  # output stream -> last entry id
+
+    @property
+    def tokens(self) -> int:
+        return sum(c.tokens for c in self.choices)
+
+
+def endpoint_kind(url: str) -> str:
+    """CHAT or TEXT for an OpenAI endpoint path ("/v1/chat/completions", "/chat/completions")."""
+    path = "/" + url.strip().strip("/")
+    path = path if path.startswith("/v1/") else "/v1" + path
+    kind = URLS.get(path)
+    if kind is None:
+        raise APIError(
+            404,
+            f"unsupported url {url!r}: use one of {', '.join(URLS)}",
+            param="url",
+            code="invalid_url",
+        )
+    return kind
+
+
+def settings_from_config(cfg: Any, redis_url: str | None = None) -> GatewaySettings:
+    """The gateway's settings for a `Config` (the keys the gateway would read)."""
+    return GatewaySettings(
+        model=cfg.model,
+        served_model_name=cfg.served_model_name,
+        max_model_len=cfg.max_model_len,
+        request_timeout=float(cfg.request_timeout),
+        output_ttl=cfg.output.ttl,
+        redis_url=redis_url or cfg.redis.url or "",
+        key_prefix=cfg.redis.prefix,
+    )
+
+
+class FarmClient:
+    def __init__(
+        self,
+        r: redis.Redis,
+        preparer: Preparer,
+        keys: Keys = KEYS,
+        output_ttl: int = 600,
+        block_s: float = 0.5,
+    ) -> None:
+        self.r, self.preparer, self.keys = r, preparer, keys
+        self.tokenizer = preparer.tokenizer
+        self.output_ttl = output_ttl
+        self.block_s = block_s  # longest XREAD BLOCK, so should_cancel is checked that often
+
+    @classmethod
+    def from_settings(cls, settings: GatewaySettings, tokenizer: Tokenizer | None = None):
+        if not settings.redis_url:
+            raise ValueError("no Redis URL: pass --redis-url or set redis.url")
+        tokenizer = tokenizer or Tokenizer.from_model_path(settings.model_path())
+        preparer = Preparer(settings, tokenizer, settings.resolved_max_model_len())
+        r = redis.Redis.from_url(settings.redis_url, health_check_interval=10)
+        return cls(r, preparer, Keys(settings.key_prefix), settings.output_ttl)
+
+    # ---- the steps ---------------------------------------------------------------------------
+    def prepare(self, url: str, body: Any) -> Plan:
+        """Validate and tokenize like the gateway; raises APIError (400/404) as it would.
+        Streaming options are ignored: the answer is always one response body."""
+        kind = endpoint_kind(url)
+        if not isinstance(body, dict):
+            raise APIError(400, "the request body must be a JSON object", code="invalid_json")
+        body = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
+        schema = ChatCompletionRequest if kind == CHAT else CompletionRequest
+        try:
+            req = schema.model_validate(body)
+        except ValidationError as exc:
+            raise validation_error(_as_request_error(exc)) from None
+        coro = self.preparer.chat(req) if kind == CHAT else self.preparer.completion(req)
+        return asyncio.run(coro)
+
+    def submit(self, plan: Plan, priority: int = 1) -> None:
+        """Queue one prefill job per choice: on the batch stream for priority >= 1 (served only
+        when no interactive job waits), on the interactive stream for priority 0."""
+        stream = self.keys.prefill_batch_stream if priority > 0 else self.keys.prefill_stream
+        with self.r.pipeline(transaction=False) as pipe:
+            for job in plan.jobs():
+                job.priority = priority
+                pipe.xadd(stream, {"j": job.pack()})
+            pipe.execute()
+
+    def collect(
+        self,
+        plan: Plan,
+        on_progress: Callable[[int], None] | None = None,
+        should_cancel: Callable[[], bool] | None = None,
+        timeout: float | None = None,
+    ) -> FarmResult:
+        """Read the request's output streams until every choice ended. Raises FarmTimeout at
+        the plan's deadline (or after `timeout` s) and FarmCancelled when `should_cancel()`;
+        the request is cancelled in the farm on any exception. A worker error is a FarmResult
+        with the gateway's status and error body."""
+        ids = job_ids(plan.request_id, plan.n)
+        reading = _Reading([Choice(i, jid) for i, jid in enumerate(ids)])
+        streams = {self.keys.output_stream(jid): i for i, jid in enumerate(ids)}
+        reading.cursors = dict.fromkeys(streams, "0-0")
+        deadline = plan.deadline or time.time() + 3600
+        if timeout is not None:
+            deadline = min(deadline, time.time() + timeout)
+        try:
+            while not all(c.done for c in reading.choices):
+                remaining = deadline - time.time()
+                if remaining <= 0:
+                    raise FarmTimeout(f"request {plan.request_id} timed out")
+                if should_cancel is not None and should_cancel():
+                    raise FarmCancelled(f"request {plan.request_id} was cancelled")
+                self._read(reading, streams, min(remaining, self.block_s))
+                if on_progress is not None:
+                    on_progress(reading.tokens)
+                failed = next((c for c in reading.choices if c.error is not None), None)
+                if failed is not None:
+                    err = worker_error(failed.error)
+                    self.cancel([c.job_id for c in reading.choices if not c.done])
+                    return FarmResult(err.status, err.body(), plan.request_id, reading.tokens)
+        except BaseException:
+            self.cancel([c.job_id for c in reading.choices if not c.done])
+            raise
+        return FarmResult(
+            200, self.response(plan, reading.choices), plan.request_id, reading.tokens
+        )
+
+    def request(self, url: str, body: Any, priority: int = 1, **collect_kw: Any) -> FarmResult:
+        """prepare + submit + collect; a request the gateway would refuse is a 4xx FarmResult."""
+        try:
+            plan = self.prepare(url, body)
+        except APIError as exc:
+            return FarmResult(exc.status, exc.body())
+        self.submit(plan, priority)
+        return self.collect(plan, **collect_kw)
+
+    def cancel(self, ids: list[str]) -> None:
+        """Cancel jobs by id, as the gateway does: flag (for queued jobs) + publish (running)."""
+        if not ids:
+            return
+        with self.r.pipeline(transaction=False) as pipe:
+            for jid in ids:
+                pipe.set(self.keys.cancel_flag(jid), 1, ex=max(1, int(self.output_ttl)))
+                pipe.publish(self.keys.cancel_channel, jid)
+            pipe.execute()
+
+    def finished(self, request_id: str, n: int) -> bool:
+        """Whether every choice of an earlier request already has its last event."""
+        for jid in job_ids(request_id, n):
+            last = self.r.xrevrange(self.keys.output_stream(jid), count=1)
+            if not last:
+                return False
+            ev = TokenEvent.unpack(last[0][1][b"e"])
+            if ev.finish_reason is None and ev.error is None:
+                return False
+        return True
+
+    # ---- reading -----------------------------------------------------------------------------
+    def _read(self, reading: _Reading, streams: dict[str, int], block: float) -> None:
+        open_ = {
+            s: cur for s, cur in reading.cursors.items() if not reading.choices[streams[s]].done
+        }
+        resp = self.r.xread(open_, count=1024, block=max(1, int(block * 1000)))
+        for name, entries in resp or []:
+            stream = name.decode() if isinstance(name, bytes) else name
+            choice = reading.choices[streams[stream]]
+            for entry_id, fields in entries:
+                reading.cursors[stream] = (
+                    entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+                )
+                try:
+                    event = TokenEvent.unpack(fields[b"e"])
+                except (SchemaError, KeyError):
+                    continue
+                if event.seq > choice.last_seq and not choice.done:  # duplicates are dropped
+                    _apply(choice, event)
+
+    def response(self, plan: Plan, choices: list[Choice]) -> dict[str, Any]:
+        """The non-streaming body, shaped as the gateway's `Generation.response`."""
+        out = []
+        for c in choices:
+            text = "".join(c.text)
+            choice: dict[str, Any] = {"index": c.index}
+            if plan.kind == CHAT:
+                choice["message"] = {"role": "assistant", "content": text}
+                choice["logprobs"] = chat_logprobs(self.tokenizer, c.token_ids, c.logprobs)
+            else:
+                choice["text"] = text
+                choice["logprobs"] = text_logprobs(self.tokenizer, c.token_ids, c.logprobs, 0)
+            if not plan.logprobs:
+                choice["logprobs"] = None
+            choice["finish_reason"] = c.finish_reason
+            out.append(choice)
+        prompt_tokens = len(plan.prompt_ids)
+        completion = sum(c.tokens for c in choices)
+        return {
+            "id": plan.request_id,
+            "object": "chat.completion" if plan.kind == CHAT else "text_completion",
+            "created": plan.created,
+            "model": plan.model,
+            "choices": out,
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion,
+                "total_tokens": prompt_tokens + completion,
+            },
+            "system_fingerprint": None,
+        }
+
+
+def _apply(c: Choice, event: TokenEvent) -> None:
+    c.last_seq = event.seq
+    if event.token_id >= 0:
+        c.tokens += 1
+        c.token_ids.append(event.token_id)
+        c.logprobs.append(event.logprob)
+    c.text.append(event.text)
+    if event.error is not None:
+        c.error = event.error
+    elif event.finish_reason is not None:
+        c.finish_reason = event.finish_reason
+
+
+def _as_request_error(exc: ValidationError) -> Any:
+    """pydantic's errors as FastAPI's RequestValidationError, located in the body as FastAPI
+    locates them, so `validation_error` words them exactly as the gateway does."""
+    from fastapi.exceptions import RequestValidationError
+
+    errors = [{**e, "loc": ("body", *e.get("loc", ()))} for e in exc.errors()]
+    return RequestValidationError(errors)

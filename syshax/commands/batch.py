@@ -1,0 +1,373 @@
+"""`syshax batch`: offline batches of OpenAI requests as rq jobs (see docs/batch.md).
+
+    syshax batch submit requests.jsonl [--out results.jsonl] [--wait] [--priority N]
+    syshax batch status BATCH_ID
+    syshax batch results BATCH_ID --out results.jsonl
+    syshax batch cancel BATCH_ID
+    syshax batch worker [--concurrency N]
+
+`worker` runs N forking rq workers (one request in flight each) under one supervisor that
+loads the tokenizer once (the workers and their work horses inherit it), restarts a worker
+that dies, runs rq's scheduler (retries with a delay) and the abandoned-job cleanup.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+log = logging.getLogger("syshax.batch")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--config",
+        default=None,
+        help="config file (default: $SYSHAX_CONFIG or ~/.config/syshax/config.yaml)",
+    )
+    common.add_argument("--redis-url", default=None, help="Redis URL (default: redis.url)")
+    sub = p.add_subparsers(dest="batch_command", metavar="ACTION", required=True)
+
+    s = sub.add_parser("submit", parents=[common], help="queue a JSONL file of requests")
+    s.add_argument("file", help="JSONL: {custom_id, method, url, body} per line (or a bare body)")
+    s.add_argument("--out", default=None, help="write the results here at the end (implies --wait)")
+    s.add_argument("--wait", action="store_true", help="show progress until every request ended")
+    s.add_argument(
+        "--priority",
+        type=int,
+        default=1,
+        help="farm priority: >= 1 = batch stream, served only when no interactive request "
+        "waits; 0 = the interactive stream (default: %(default)s)",
+    )
+    s.add_argument(
+        "--result-ttl",
+        type=int,
+        default=7 * 24 * 3600,
+        help="seconds results are kept (default: %(default)s)",
+    )
+
+    st = sub.add_parser("status", parents=[common], help="counts of a batch's requests per state")
+    st.add_argument("batch_id")
+    st.add_argument("--json", action="store_true", help="print JSON")
+
+    res = sub.add_parser("results", parents=[common], help="write a batch's results (JSONL)")
+    res.add_argument("batch_id")
+    res.add_argument("--out", default="-", help="output file; - = stdout (default)")
+    res.add_argument("--wait", action="store_true", help="wait until every request ended")
+    res.add_argument(
+        "--partial", action="store_true", help="write even if some requests have not ended"
+    )
+
+    c = sub.add_parser("cancel", parents=[common], help="cancel every request not yet ended")
+    c.add_argument("batch_id")
+
+    sub.add_parser("list", parents=[common], help="known batches, newest first")
+
+    w = sub.add_parser("worker", parents=[common], help="run rq workers for the batch queue")
+    w.add_argument(
+        "--concurrency",
+        type=int,
+        default=2,
+        help="rq worker processes = requests in flight from this worker (default: %(default)s)",
+    )
+    w.add_argument("--burst", action="store_true", help="exit when the queue is empty")
+    w.add_argument(
+        "--heartbeat", type=int, default=5, help="seconds between job heartbeats (default: 5)"
+    )
+    w.add_argument(
+        "--abandon-after",
+        type=int,
+        default=15,
+        help="seconds after its last heartbeat a job of a dead worker is retried (default: 15)",
+    )
+    w.add_argument(
+        "--maintenance-interval",
+        type=int,
+        default=10,
+        help="seconds between abandoned-job sweeps (default: %(default)s)",
+    )
+    w.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=20.0,
+        help="seconds running jobs get to finish on SIGTERM before they are requeued (default: 20)",
+    )
+
+
+def _setup(args: argparse.Namespace):
+    from syshax.broker.keys import Keys
+    from syshax.shared.config import load_config
+
+    cfg = load_config(args.config)
+    url = args.redis_url or cfg.redis.url
+    if not url:
+        raise ValueError(
+            "no Redis URL: pass --redis-url or set redis.url "
+            "(syshax config redis.url redis://host:6379/0)"
+        )
+    return cfg, url, Keys(cfg.redis.prefix)
+
+
+def run(args: argparse.Namespace) -> int:
+    import redis
+
+    from syshax.shared.config import ConfigError
+    from syshax.workers import batch
+
+    try:
+        cfg, url, keys = _setup(args)
+        if args.batch_command == "worker":
+            return _worker(args, cfg, url, keys)
+        r = redis.Redis.from_url(url)
+        return ACTIONS[args.batch_command](args, cfg, r, keys)
+    except (ConfigError, ValueError, OSError) as exc:
+        print(f"syshax batch: error: {exc}", file=sys.stderr)
+        return 2
+    except batch.BatchNotFound as exc:
+        print(f"syshax batch: no such batch: {exc.args[0]}", file=sys.stderr)
+        return 2
+    except redis.RedisError as exc:
+        print(f"syshax batch: Redis error: {exc}", file=sys.stderr)
+        return 2
+
+
+# ---- client actions --------------------------------------------------------------------------
+def _submit(args, cfg, r, keys) -> int:
+    from syshax.workers import batch
+
+    with open(args.file, encoding="utf-8") as fh:
+        items = batch.parse_lines(fh)
+    bid = batch.submit(
+        r,
+        items,
+        source=os.path.abspath(args.file),
+        priority=args.priority,
+        keys=keys,
+        job_timeout=int(cfg.request_timeout) + 60,
+        result_ttl=args.result_ttl,
+    )
+    bad = [i for i in items if i.error]
+    for item in bad:
+        print(f"{args.file}:{item.line}: {item.error}", file=sys.stderr)
+    print(bid)
+    print(
+        f"queued {len(items) - len(bad)} request(s), {len(bad)} invalid line(s) in batch {bid}",
+        file=sys.stderr,
+    )
+    if not (args.wait or args.out):
+        return 1 if bad else 0
+    st = _wait(r, bid, keys)
+    if args.out:
+        _write_results(r, bid, keys, args.out)
+    return 0 if st["failed"] == st["cancelled"] == 0 else 1
+
+
+def _wait(r, bid: str, keys, poll: float = 1.0) -> dict[str, Any]:
+    """Show done/failed/remaining until every request of the batch ended."""
+    from tqdm import tqdm
+
+    from syshax.workers import batch
+
+    st = batch.status(r, bid, keys)
+    with tqdm(total=st["total"], desc=bid, unit="req", file=sys.stderr, disable=None) as bar:
+        while True:
+            ended = st["finished"] + st["failed"] + st["cancelled"]
+            bar.n = ended
+            postfix = {"done": st["finished"], "failed": st["failed"]}
+            postfix.update(cancelled=st["cancelled"], remaining=st["total"] - ended)
+            bar.set_postfix(postfix, tokens=st["tokens"], refresh=False)
+            bar.refresh()
+            if st["complete"]:
+                break
+            time.sleep(poll)
+            st = batch.status(r, bid, keys)
+    print(_summary(st), file=sys.stderr)
+    return st
+
+
+def _summary(st: dict[str, Any]) -> str:
+    return (
+        f"{st['id']}: {st['total']} total, {st['finished']} finished, {st['failed']} failed "
+        f"({st['invalid']} invalid lines), {st['cancelled']} cancelled, {st['queued']} queued, "
+        f"{st['started']} running; {st['tokens']} tokens generated"
+    )
+
+
+def _write_results(r, bid: str, keys, out: str) -> int:
+    from syshax.workers import batch
+
+    n = 0
+    fh = sys.stdout if out == "-" else open(out, "w", encoding="utf-8")  # noqa: SIM115
+    try:
+        for _, _, line in batch.results(r, bid, keys):
+            fh.write(json.dumps(line, ensure_ascii=False) + "\n")
+            n += 1
+    finally:
+        if fh is not sys.stdout:
+            fh.close()
+    if out != "-":
+        print(f"wrote {n} result(s) to {out}", file=sys.stderr)
+    return n
+
+
+def _status(args, cfg, r, keys) -> int:
+    from syshax.workers import batch
+
+    st = batch.status(r, args.batch_id, keys)
+    print(json.dumps(st) if args.json else _summary(st))
+    return 0
+
+
+def _results(args, cfg, r, keys) -> int:
+    from syshax.workers import batch
+
+    st = _wait(r, args.batch_id, keys) if args.wait else batch.status(r, args.batch_id, keys)
+    if not st["complete"] and not args.partial:
+        print(
+            f"syshax batch: {st['queued'] + st['started']} request(s) not ended yet "
+            "(--wait waits, --partial writes anyway)",
+            file=sys.stderr,
+        )
+        return 1
+    _write_results(r, args.batch_id, keys, args.out)
+    return 0
+
+
+def _cancel(args, cfg, r, keys) -> int:
+    from syshax.workers import batch
+
+    c = batch.cancel(r, args.batch_id, keys)
+    print(f"{args.batch_id}: cancelled {c['cancelled']} waiting, stopping {c['stopping']} running")
+    return 0
+
+
+def _list(args, cfg, r, keys) -> int:
+    from syshax.workers import batch
+
+    for raw in r.zrevrange(keys.batches, 0, -1):
+        bid = raw.decode()
+        try:
+            print(_summary(batch.status(r, bid, keys)))
+        except batch.BatchNotFound:
+            r.zrem(keys.batches, bid)  # expired
+    return 0
+
+
+ACTIONS = {
+    "submit": _submit,
+    "status": _status,
+    "results": _results,
+    "cancel": _cancel,
+    "list": _list,
+}
+
+
+# ---- the worker ------------------------------------------------------------------------------
+def _worker(args, cfg, url: str, keys) -> int:
+    import multiprocessing
+
+    import redis
+    from rq import Queue
+    from rq.registry import clean_registries
+    from rq.scheduler import RQScheduler
+
+    from syshax.broker.farm_client import FarmClient, settings_from_config
+    from syshax.workers import batch
+
+    if args.concurrency < 1:
+        raise ValueError("--concurrency must be at least 1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # we fork after loading it
+    batch.set_client(FarmClient.from_settings(settings_from_config(cfg, url)))
+    r = redis.Redis.from_url(url)
+    queue = Queue(keys.batch_queue, connection=r)
+    scheduler = RQScheduler([queue], connection=r, logging_level=logging.WARNING)
+    ctx = multiprocessing.get_context("fork")
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    procs: list[Any] = [None] * args.concurrency
+    finished = [False] * args.concurrency  # burst mode: exited after emptying the queue
+    backoff = [0.0] * args.concurrency
+    next_clean = 0.0
+    print(
+        f"batch worker: {args.concurrency} rq worker(s) on queue {keys.batch_queue}",
+        file=sys.stderr,
+        flush=True,
+    )
+    try:
+        while not stop.is_set() and not all(finished):
+            for i, p in enumerate(procs):
+                if p is not None and not p.is_alive():
+                    if args.burst and p.exitcode == 0:
+                        finished[i] = True
+                    else:
+                        log.error("batch worker %d exited with %s; restarting", i, p.exitcode)
+                        backoff[i] = time.monotonic() + 1.0
+                    procs[i] = None
+                if procs[i] is None and not finished[i] and time.monotonic() >= backoff[i]:
+                    procs[i] = ctx.Process(target=_work, args=(url, keys.batch_queue, args))
+                    procs[i].start()
+            try:
+                scheduler.acquire_locks()  # retries wait in rq's scheduled registry
+                if scheduler.acquired_locks:
+                    scheduler.enqueue_scheduled_jobs()
+                if time.monotonic() >= next_clean:  # jobs of dead workers -> Retry
+                    next_clean = time.monotonic() + args.maintenance_interval
+                    if queue.acquire_maintenance_lock():
+                        try:
+                            clean_registries(queue)
+                        finally:
+                            queue.release_maintenance_lock()
+            except redis.RedisError as exc:  # Redis restarting: the rq workers wait too
+                log.warning("Redis unavailable (%s); retrying", exc)
+            stop.wait(0.5)
+    finally:
+        _stop_workers([p for p in procs if p is not None], args.drain_timeout)
+        if scheduler.acquired_locks:
+            scheduler.release_locks()
+    return 0
+
+
+def _work(url: str, queue_name: str, args: argparse.Namespace) -> None:
+    """One rq worker process (forks a work horse per job)."""
+    import redis
+
+    from syshax.shared import env
+    from syshax.workers.batch import BatchWorker
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_DFL)  # rq installs its own in work()
+    w = BatchWorker(
+        [queue_name],
+        connection=redis.Redis.from_url(url),
+        job_monitoring_interval=args.heartbeat,
+        maintenance_interval=args.maintenance_interval,
+    )
+    w.abandon_after = args.abandon_after
+    w.work(burst=args.burst, logging_level="DEBUG" if env.debug() else "WARNING")
+
+
+def _stop_workers(procs: list[Any], drain_timeout: float) -> None:
+    """SIGTERM = rq's warm shutdown (finish the running job); after drain_timeout a second
+    SIGTERM = cold shutdown (the horse is killed and its job retried later)."""
+    for p in procs:
+        if p.is_alive():
+            os.kill(p.pid, signal.SIGTERM)
+    end = time.monotonic() + drain_timeout
+    for p in procs:
+        p.join(max(0.0, end - time.monotonic()))
+    for p in procs:
+        if p.is_alive():
+            os.kill(p.pid, signal.SIGTERM)
+            p.join(10)
+        if p.is_alive():
+            p.kill()
+            p.join()

@@ -1,0 +1,138 @@
+"""`syshax top`: a live terminal view of the farm (workers, queues, dispatcher decisions)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--config",
+        default=None,
+        help="config file (default: $SYSHAX_CONFIG or ~/.config/syshax/config.yaml)",
+    )
+    p.add_argument("--redis-url", default=None, help="Redis of the farm (default: redis.url)")
+    p.add_argument(
+        "--interval",
+        type=float,
+        default=1.0,
+        help="seconds between refreshes (default: %(default)s)",
+    )
+    p.add_argument(
+        "--once",
+        action="store_true",
+        help="print one snapshot and exit (for scripts and screenshots)",
+    )
+
+
+def snapshot(r, keys) -> dict:
+    """Everything the view shows, read in a few round trips."""
+    from syshax.broker.kv_store import KVStore
+    from syshax.broker.worker_io import live_workers
+
+    streams = {"prefill": keys.prefill_stream, "prefill:batch": keys.prefill_batch_stream}
+    streams.update({f"decode:{c}": keys.decode_stream(c) for c in ("gpu", "cpu")})
+    pipe = r.pipeline()
+    for s in streams.values():
+        pipe.xlen(s)
+        pipe.xpending(s, keys.decode_group)
+    pipe.lrange(keys.dispatch_log, 0, 9)
+    for c in ("gpu", "cpu"):
+        pipe.get(keys.dispatch_count(c))
+    replies = pipe.execute(raise_on_error=False)
+    queues = {}
+    for i, name in enumerate(streams):
+        length, pending = replies[2 * i], replies[2 * i + 1]
+        taken = pending.get("pending", 0) if isinstance(pending, dict) else 0
+        length = length if isinstance(length, int) else 0
+        queues[name] = (max(length - taken, 0), taken)
+    rest = replies[2 * len(streams) :]
+    decisions = [d.decode() if isinstance(d, bytes) else d for d in rest[0]]
+    counts = {c: int(v or 0) for c, v in zip(("gpu", "cpu"), rest[1:], strict=True)}
+    leases, nbytes = KVStore(r, keys).stats()
+    return {
+        "workers": sorted(
+            live_workers(r, keys), key=lambda w: (w.get("device_class", ""), w.get("id", ""))
+        ),
+        "queues": queues,
+        "decisions": decisions,
+        "counts": counts,
+        "kv": (leases, nbytes),
+    }
+
+
+def render(snap: dict):
+    from rich.console import Group
+    from rich.table import Table
+
+    workers = Table(title="workers", expand=True)
+    for col in ("id", "class", "device", "roles", "running/capacity", "waiting", "decode tok/s"):
+        workers.add_column(col)
+    for w in snap["workers"]:
+        workers.add_row(
+            w.get("id", "?"),
+            w.get("device_class", "?"),
+            w.get("device", "?"),
+            w.get("roles", "?"),
+            f"{w.get('running', 0)}/{w.get('capacity', 0)}",
+            w.get("waiting", "0"),
+            w.get("decode_tps", "0"),
+        )
+    queues = Table(title="queues (waiting / in flight)", expand=True)
+    for col in snap["queues"]:
+        queues.add_column(col)
+    queues.add_row(*(f"{w} / {f}" for w, f in snap["queues"].values()))
+    leases, nbytes = snap["kv"]
+    counts = snap["counts"]
+    recent = Table(
+        title=f"dispatcher: {counts['gpu']} to xPU, {counts['cpu']} to CPU; KV leases held: {leases} ({nbytes / 2**20:.1f} MiB)",
+        expand=True,
+    )
+    recent.add_column("recent decisions (newest first)")
+    for d in snap["decisions"]:
+        stamp, _, rest = d.partition(" ")
+        try:
+            stamp = time.strftime("%H:%M:%S", time.localtime(float(stamp)))
+        except ValueError:
+            pass
+        recent.add_row(f"{stamp} {rest}")
+    return Group(workers, queues, recent)
+
+
+def run(args: argparse.Namespace) -> int:
+    import redis
+    from rich.console import Console
+    from rich.live import Live
+
+    from syshax.broker.keys import Keys
+    from syshax.shared.config import ConfigError, load_config
+
+    try:
+        cfg = load_config(args.config)
+    except ConfigError as exc:
+        print(f"syshax top: {exc}", file=sys.stderr)
+        return 2
+    url = args.redis_url or cfg.redis.url
+    if not url:
+        print("syshax top: no Redis URL: pass --redis-url or set redis.url", file=sys.stderr)
+        return 2
+    r = redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=5)
+    keys = Keys(cfg.redis.prefix)
+    console = Console()
+    try:
+        if args.once:
+            console.print(render(snapshot(r, keys)))
+            return 0
+        with Live(
+            render(snapshot(r, keys)), console=console, refresh_per_second=4, screen=False
+        ) as live:
+            while True:
+                time.sleep(args.interval)
+                live.update(render(snapshot(r, keys)))
+    except redis.ConnectionError as exc:
+        print(f"syshax top: Redis unreachable: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 0

@@ -1,0 +1,74 @@
+"""shared.models.read_gguf_info: the struct-based GGUF header reader, checked against gguf's own."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType, GGUFValueType
+from syshax.shared.models import GGUFError, read_gguf_info, read_gguf_metadata
+
+
+def _write(path: Path, alignment: int | None = None) -> Path:
+    w = gguf.GGUFWriter(str(path), "llama")
+    if alignment is not None:
+        w.add_custom_alignment(alignment)
+    w.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
+    w.add_float64("llama.some_float64", 0.1)
+    w.add_uint32("llama.block_count", 1)
+    w.add_array("llama.head_counts", [4, 4])
+    w.add_array("tokenizer.ggml.scores", [0.5, -1.25])
+    w.add_token_list(["a", "b", "ü"])
+    rng = np.random.default_rng(0)
+    w.add_tensor("a.weight", rng.standard_normal((3, 5)).astype(np.float32))  # unaligned size
+    w.add_tensor("b.weight", rng.standard_normal(7).astype(np.float16))
+    q = gguf.quants.quantize(rng.standard_normal((2, 64)).astype(np.float32), 8)
+    w.add_tensor("c.weight", q, raw_dtype=GGMLQuantizationType.Q8_0)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.mark.parametrize("alignment", [None, 64, 8])
+def test_tensor_infos_match_gguf_reader(tmp_path, alignment):
+    path = _write(tmp_path / "t.gguf", alignment)
+    info = read_gguf_info(path)
+    ref = gguf.GGUFReader(path)
+
+    assert info.version == 3 and info.file_size == path.stat().st_size
+    assert info.alignment == (alignment or 32) and info.data_offset % info.alignment == 0
+    assert info.metadata == read_gguf_metadata(path)
+    assert info.metadata["tokenizer.ggml.tokens"] == ["a", "b", "ü"]
+    assert info.value_types["llama.attention.layer_norm_rms_epsilon"] == (GGUFValueType.FLOAT32,)
+    assert info.value_types["llama.some_float64"] == (GGUFValueType.FLOAT64,)
+    assert info.value_types["tokenizer.ggml.scores"] == (
+        GGUFValueType.ARRAY,
+        GGUFValueType.FLOAT32,
+    )
+    assert info.value_types["tokenizer.ggml.tokens"] == (GGUFValueType.ARRAY, GGUFValueType.STRING)
+
+    assert [t.name for t in info.tensors] == [t.name for t in ref.tensors]
+    for ours, theirs in zip(info.tensors, ref.tensors, strict=True):
+        assert ours.dims == tuple(int(d) for d in theirs.shape)
+        assert ours.ggml_type == theirs.tensor_type
+        assert info.data_offset + ours.offset == theirs.data_offset
+    assert info.tensors[2].dims == (64, 2) and info.tensors[2].ggml_type == 8
+
+
+def test_header_errors(tmp_path):
+    empty = tmp_path / "empty.gguf"
+    empty.write_bytes(b"")
+    with pytest.raises(GGUFError, match="empty"):
+        read_gguf_info(empty)
+    good = _write(tmp_path / "t.gguf").read_bytes()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(good[: good.index(b"c.weight") + 4])  # inside the tensor infos
+    assert read_gguf_metadata(cut)["llama.block_count"] == 1  # metadata alone still reads
+    with pytest.raises(GGUFError, match="truncated"):
+        read_gguf_info(cut)
+    with pytest.raises(FileNotFoundError):
+        read_gguf_info(tmp_path / "missing.gguf")
