@@ -94,6 +94,8 @@ def _children(args, cfg, config_path: str | None, url: str) -> list[Child]:
                     "cpu",
                     "--engine",
                     args.engine,
+                    "--port",  # CPU worker i serves /metrics on cpu.port + i
+                    str(cfg.cpu.port + i),
                 ]
                 + common,
             )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 
@@ -93,10 +94,8 @@ def render(snap: dict):
     recent.add_column("recent decisions (newest first)")
     for d in snap["decisions"]:
         stamp, _, rest = d.partition(" ")
-        try:
+        with contextlib.suppress(ValueError):  # a foreign entry keeps its raw stamp
             stamp = time.strftime("%H:%M:%S", time.localtime(float(stamp)))
-        except ValueError:
-            pass
         recent.add_row(f"{stamp} {rest}")
     return Group(workers, queues, recent)
 

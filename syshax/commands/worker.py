@@ -41,6 +41,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--id", default=None, help="worker id (default: <class>-<host>-<pid>)")
     p.add_argument(
+        "--host",
+        default=None,
+        help="address of this worker's /metrics and /health (default: gpu.host or cpu.host)",
+    )
+    p.add_argument(
+        "--port",
+        type=int,
+        default=None,
+        help="port of this worker's /metrics and /health; 0 = none (default: gpu.port or cpu.port)",
+    )
+    p.add_argument(
         "--redis-url", default=None, help="Redis URL (default: redis.url from the config)"
     )
     p.add_argument(
@@ -133,6 +144,7 @@ def run(args: argparse.Namespace) -> int:
     from syshax.broker.dispatcher import Dispatcher
     from syshax.broker.keys import Keys
     from syshax.shared.config import ConfigError, derive_model_name, load_config, resolve_threads
+    from syshax.workers.metrics import WorkerMetrics, serve_metrics
     from syshax.workers.worker import Worker, WorkerOptions
 
     try:
@@ -191,6 +203,11 @@ def run(args: argparse.Namespace) -> int:
     dispatcher = Dispatcher(
         auto_pd_offload=cfg.auto_pd_offload, cpu_max_batch_size=cfg.cpu_max_batch_size
     )
+    metrics = WorkerMetrics(worker_id, cls)
+    section = cfg.gpu if cls == "gpu" else cfg.cpu
+    port = section.port if args.port is None else args.port
+    if port:
+        serve_metrics(metrics, args.host or section.host, port)
     r = redis.Redis.from_url(url, health_check_interval=10)
     backoff, connected_at = 0.5, 0.0
     worker = None
@@ -199,7 +216,7 @@ def run(args: argparse.Namespace) -> int:
             if worker is not None:
                 worker.cancels.close()  # the lost connection's pub/sub
             worker = None
-            worker = Worker(engine, r, opts, dispatcher, Keys(cfg.redis.prefix))
+            worker = Worker(engine, r, opts, dispatcher, Keys(cfg.redis.prefix), metrics)
             connected_at = time.monotonic()
             log.warning(
                 "worker %s ready: roles=%s device=%s class=%s slots=%d",

@@ -1,0 +1,37 @@
+"""A worker's /metrics and /health endpoint."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+
+from syshax.broker.embedded import free_port
+from syshax.workers.metrics import WorkerMetrics, serve_metrics
+
+
+def test_metrics_and_health_endpoint():
+    m = WorkerMetrics("w1", "cpu")
+    port = free_port()
+    server = serve_metrics(m, "127.0.0.1", port)
+    try:
+        m.running.set(3)
+        m.generation_tokens.inc(42)
+        m.dispatch.labels(**m.labels, device="cpu").inc()
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+        assert 'syshax:num_requests_running{device_class="cpu",worker="w1"} 3.0' in text
+        assert 'syshax:generation_tokens_total{device_class="cpu",worker="w1"} 42.0' in text
+        assert (
+            'syshax:dispatcher_decisions_total{device="cpu",device_class="cpu",worker="w1"} 1.0'
+            in text
+        )
+        ok = httpx.get(f"http://127.0.0.1:{port}/health")
+        assert ok.status_code == 200 and ok.json()["status"] == "ok"
+        m.last_turn = time.monotonic() - 3600  # a loop that stopped turning
+        stalled = httpx.get(f"http://127.0.0.1:{port}/health")
+        assert stalled.status_code == 503 and stalled.json()["status"] == "stalled"
+        assert httpx.get(f"http://127.0.0.1:{port}/nope").status_code == 404
+        # a taken port is reported, not fatal
+        assert serve_metrics(WorkerMetrics("w2", "cpu"), "127.0.0.1", port) is None
+    finally:
+        server.shutdown()
