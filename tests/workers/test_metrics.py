@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 
 import httpx
-
 from syshax.broker.embedded import free_port
 from syshax.workers.metrics import WorkerMetrics, serve_metrics
 
