@@ -22,7 +22,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError, ResponseError
 
 from .keys import KEYS, Keys
-from .schemas import PrefillJob, SchemaError, TokenEvent
+from .schemas import KVHandle, PrefillJob, SchemaError, TokenEvent
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +66,11 @@ class BrokerClient:
         await self.redis.xadd(self.keys.prefill_stream, {"j": job.pack()})
 
     async def _waiting(self, stream: str, group: str) -> int:
-        """Entries not yet delivered to a worker (workers XDEL after XACK, so
-        XLEN = waiting + in flight)."""
+        return (await self.stream_stats(stream, group))[0]
+
+    async def stream_stats(self, stream: str, group: str) -> tuple[int, int]:
+        """(waiting, in flight) of a work stream: entries not yet delivered to a worker, and
+        entries delivered but not acked (workers XDEL after XACK, so XLEN = the sum)."""
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.xlen(stream)
             pipe.xpending(stream, group)
@@ -75,10 +78,23 @@ class BrokerClient:
         if isinstance(length, Exception):
             raise length
         if isinstance(pending, ResponseError):  # NOGROUP: no worker ever read the stream
-            return int(length)
+            return int(length), 0
         if isinstance(pending, Exception):
             raise pending
-        return max(0, int(length) - int(pending.get("pending", 0)))
+        taken = int(pending.get("pending", 0))
+        return max(0, int(length) - taken), taken
+
+    async def kv_stats(self) -> tuple[int, int]:
+        """(KV leases held, their bytes) across the farm."""
+        ids = await self.redis.zrange(self.keys.kv_leases, 0, -1)
+        if not ids:
+            return 0, 0
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for hid in ids:
+                pipe.get(self.keys.kv_lease(_text(hid)))
+            raws = await pipe.execute()
+        total = sum(KVHandle.unpack(raw).nbytes for raw in raws if raw is not None)
+        return len(ids), total
 
     async def prefill_queue_depth(self) -> int:
         return await self._waiting(self.keys.prefill_stream, self.keys.prefill_group)

@@ -307,11 +307,27 @@ class Gateway:
 
     async def scrape(self) -> Response:
         assert self.broker is not None
+        m, keys = self.metrics, self.broker.keys
+        streams = {"prefill": keys.prefill_stream, "prefill:batch": keys.prefill_batch_stream}
+        streams.update({f"decode:{c}": keys.decode_stream(c) for c in DEVICE_CLASSES})
         try:
-            self.metrics.queue_length.labels("prefill").set(await self.broker.prefill_queue_depth())
+            for name, stream in streams.items():
+                waiting, in_flight = await self.broker.stream_stats(stream, keys.prefill_group)
+                m.queue_length.labels(name).set(waiting)
+                m.in_flight.labels(name).set(in_flight)
+            running = dict.fromkeys(DEVICE_CLASSES, 0)
+            waiting_in = dict.fromkeys(DEVICE_CLASSES, 0)
+            for w in await self.broker.workers():
+                cls = w.get("device_class")
+                if cls in running:
+                    running[cls] += int(w.get("running", 0))
+                    waiting_in[cls] += int(w.get("waiting", 0))
             for cls in DEVICE_CLASSES:
-                depth = await self.broker.decode_queue_depth(cls)
-                self.metrics.queue_length.labels(f"decode:{cls}").set(depth)
+                m.workers_running.labels(cls).set(running[cls])
+                m.workers_waiting.labels(cls).set(waiting_in[cls])
+            leases, nbytes = await self.broker.kv_stats()
+            m.kv_leases.set(leases)
+            m.kv_lease_bytes.set(nbytes)
         except REDIS_DOWN:
             pass  # the other metrics are still worth a scrape
         return Response(self.metrics.render(), media_type=self.metrics.content_type)

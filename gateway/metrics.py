@@ -45,6 +45,30 @@ class Metrics:
             ["stream"],
             registry=r,
         )
+        self.in_flight = Gauge(
+            "syshax:queue_pending",
+            "Jobs delivered to a worker and not yet acked, per work stream (read at scrape time).",
+            ["stream"],
+            registry=r,
+        )
+        self.workers_running = Gauge(
+            "syshax:num_requests_running_by_device",
+            "Sequences running on the live workers of a device class (from heartbeats).",
+            ["device_class"],
+            registry=r,
+        )
+        self.workers_waiting = Gauge(
+            "syshax:num_requests_waiting_by_device",
+            "Sequences waiting inside the live workers of a device class (from heartbeats).",
+            ["device_class"],
+            registry=r,
+        )
+        self.kv_leases = Gauge(
+            "syshax:kv_leases", "KV-cache leases held across the farm.", registry=r
+        )
+        self.kv_lease_bytes = Gauge(
+            "syshax:kv_lease_bytes", "Bytes of KV cache held by leases across the farm.", registry=r
+        )
         self.ttft = Histogram(
             "syshax:time_to_first_token_seconds",
             "Time from request arrival to the first generated token.",

@@ -277,3 +277,23 @@ def test_redis_restart_pubsub_reconnects():
             server.stop()
 
     run(main())
+
+
+def test_kv_and_stream_stats_for_metrics(redis_url):
+    import redis as sync_redis
+    from syshax.broker.kv_store import KVStore
+
+    keys = Keys()
+    sync = sync_redis.Redis.from_url(redis_url)
+    KVStore(sync, keys).put(b"k" * 300, {}, "req-a", store="redis")
+    sync.xadd(keys.prefill_stream, {"j": b"x"})
+
+    async def check():
+        client = BrokerClient(aioredis.Redis.from_url(redis_url), keys)
+        try:
+            assert await client.kv_stats() == (1, 300)
+            assert await client.stream_stats(keys.prefill_stream, keys.prefill_group) == (1, 0)
+        finally:
+            await client.aclose()
+
+    run(check())

@@ -182,6 +182,10 @@ def test_metrics(farm):
     assert 'syshax:queue_length{stream="decode:cpu"} 1.0' in text
     assert "syshax:generation_tokens_total 6.0" in text
     assert "syshax:requests_running 0.0" in text
+    assert 'syshax:queue_pending{stream="decode:cpu"} 0.0' in text
+    assert 'syshax:queue_length{stream="prefill:batch"} 0.0' in text
+    assert "syshax:kv_leases 0.0" in text and "syshax:kv_lease_bytes 0.0" in text
+    assert 'syshax:num_requests_running_by_device{device_class="gpu"}' in text
 
 
 def test_gateway_does_not_import_torch():
