@@ -14,8 +14,8 @@ followed at once by a replacement (as `syshax run` restarts a child). Requests u
 Printed per run: completed (text identical to an undisturbed run), failed (error, or text that
 differs), duplicated / lost tokens (content chunks received twice / never, aligned against the
 expected per-token texts), duplicate events in the output streams (the gateway drops these),
-requests resumed by another worker, and what is left once the farm is idle: KV leases, stream
-entries, pending entries, running sequences. A benchmark, not a test: it never fails.
+requests resumed by another worker, and what is left once the farm is idle: KV leases (and
+their shared-memory segments), stream entries, pending entries, running sequences. A benchmark, not a test: it never fails.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import difflib
+import glob
 import json
 import os
 import random
@@ -84,6 +85,7 @@ class Farm:
         self.procs: dict[str, subprocess.Popen] = {}
         self.serial = 0
         self.lock = threading.Lock()
+        self.shm_before = set(glob.glob("/dev/shm/syshax-kv-*"))
 
     def spawn(self, name: str, argv: list[str]) -> None:
         with open(self.tmp / f"{name}.log", "ab") as log:
@@ -151,6 +153,7 @@ class Farm:
             running += int(h.get(b"running", 0)) + int(h.get(b"waiting", 0)) if h else 0
         return {
             "leaked_leases": KVStore(self.r).stats()[0],
+            "leaked_shm_segments": len(set(glob.glob("/dev/shm/syshax-kv-*")) - self.shm_before),
             "stream_entries": sum(self.r.xlen(s) for s in streams),
             "pending_entries": pending,
             "running_sequences": running,
@@ -167,10 +170,10 @@ class Farm:
         self.redis.stop()
 
 
-def stream(base_url: str, i: int, max_tokens: int) -> tuple[str, list[str], str]:
-    """(completion id, content chunks, error) of one streamed request."""
+def stream(base_url: str, i: int, max_tokens: int) -> tuple[str, list[str], str, float]:
+    """(completion id, content chunks, error, seconds) of one streamed request."""
     client = openai.OpenAI(base_url=base_url, api_key="none", max_retries=0, timeout=120)
-    rid, chunks = "", []
+    rid, chunks, t0 = "", [], time.monotonic()
     try:
         for chunk in client.chat.completions.create(
             model=MODEL, messages=prompt(i), max_tokens=max_tokens, temperature=0, stream=True
@@ -178,8 +181,8 @@ def stream(base_url: str, i: int, max_tokens: int) -> tuple[str, list[str], str]
             rid = chunk.id
             chunks += [c.delta.content for c in chunk.choices if c.delta.content]
     except Exception as exc:  # noqa: BLE001 - counted, not raised
-        return rid, chunks, f"{type(exc).__name__}: {exc}"
-    return rid, chunks, ""
+        return rid, chunks, f"{type(exc).__name__}: {exc}", time.monotonic() - t0
+    return rid, chunks, "", time.monotonic() - t0
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -215,7 +218,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         report: dict[str, Any] = {"requests": args.requests, "completed": 0, "failed": 0}
         report.update(duplicated_tokens=0, lost_tokens=0, errors=[])
         report.update(duplicate_stream_events=0, resumed_requests=0)
-        for i, (rid, chunks, error) in enumerate(results):
+        seconds = sorted(r[3] for r in results)
+        report["e2e_p50_s"] = round(seconds[len(seconds) // 2], 2)
+        report["e2e_max_s"] = round(seconds[-1], 2)
+        for i, (rid, chunks, error, _) in enumerate(results):
             want = expected_chunks(tok, i, args.max_tokens)
             ops = difflib.SequenceMatcher(a=want, b=chunks, autojunk=False).get_opcodes()
             report["duplicated_tokens"] += sum(j2 - j1 for op, _, _, j1, j2 in ops if op != "equal")

@@ -64,21 +64,32 @@ class KVStore:
         pipe = self.r.pipeline()
         if store == "shm":
             handle.location = f"syshax-kv-{handle_id[:24]}"
-            seg = shared_memory.SharedMemory(
-                name=handle.location, create=True, size=max(len(blob), 1)
-            )
-            # The lease, not this process, owns the segment: without this, Python's resource
-            # tracker would unlink it when the producer exits, before a consumer reads it.
-            _untrack(seg)
-            seg.buf[: len(blob)] = blob
-            seg.close()
         elif store == "redis":
             handle.location = self.keys.kv_blob(handle_id)
             pipe.set(handle.location, blob, px=int(self.ttl * 1000) + 60_000)
         else:
             raise ValueError(f"unknown KV store {store!r} (shm, redis)")
         self._record(pipe, handle)
+        # The lease is recorded before any shared memory exists (and `free` unlinks before
+        # it forgets the lease): a process killed in between leaves a lease the sweeper
+        # frees, never a segment nobody knows about.
         pipe.execute()
+        if store == "shm":
+            try:
+                seg = shared_memory.SharedMemory(
+                    name=handle.location, create=True, size=max(len(blob), 1)
+                )
+                # The lease, not this process, owns the segment: without this, Python's
+                # resource tracker would unlink it when the producer exits, before a
+                # consumer reads it.
+                _untrack(seg)
+                seg.buf[: len(blob)] = blob
+                seg.close()
+            except BaseException:
+                self.free(handle_id)
+                raise
+            if not self.r.exists(self.keys.kv_lease(handle_id)):
+                _unlink(handle.location)  # freed (a cancel) before the segment existed
         return handle
 
     def _record(self, pipe, h: KVHandle) -> None:
@@ -124,19 +135,17 @@ class KVStore:
     def free(self, handle_id: str) -> bool:
         """Free one lease and its bytes; True if it existed. Safe to call twice."""
         raw = self.r.get(self.keys.kv_lease(handle_id))
+        handle = KVHandle.unpack(raw) if raw is not None else None
+        if handle is not None and handle.store == "shm" and handle.host == HOST:
+            _unlink(handle.location)  # the bytes first: see put()
         pipe = self.r.pipeline()
         pipe.delete(self.keys.kv_lease(handle_id))
         pipe.zrem(self.keys.kv_leases, handle_id)
         pipe.delete(self.keys.kv_blob(handle_id))
-        if raw is None:
-            pipe.execute()
-            return False
-        handle = KVHandle.unpack(raw)
-        pipe.srem(self.keys.kv_owner(handle.owner), handle_id)
+        if handle is not None:
+            pipe.srem(self.keys.kv_owner(handle.owner), handle_id)
         pipe.execute()
-        if handle.store == "shm" and handle.host == HOST:
-            _unlink(handle.location)
-        return True
+        return handle is not None
 
     def free_request(self, request_id: str) -> int:
         """Free every lease a request owns (on cancel). Returns how many were freed."""

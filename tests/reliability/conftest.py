@@ -91,6 +91,7 @@ class ProcFarm:
         self.config = tmp / "config.yaml"
         save_config(cfg, self.config)
         self.procs: dict[str, subprocess.Popen] = {}
+        self.shm_before = set(glob.glob("/dev/shm/syshax-kv-*"))  # other runs' are not ours
         self.gateways: dict[str, int] = {}  # name -> port
         self.serial = 0
 
@@ -206,7 +207,7 @@ class ProcFarm:
                 busy[wid.decode()] = int(h.get(b"running", 0)) + int(h.get(b"waiting", 0))
         return {
             "leases": KVStore(self.r).stats(),
-            "shm": sorted(glob.glob("/dev/shm/syshax-kv-*")),
+            "shm": sorted(set(glob.glob("/dev/shm/syshax-kv-*")) - self.shm_before),
             "entries": sum(entries.values()),
             "pending": sum(pending.values()),
             "busy": {k: v for k, v in busy.items() if v},

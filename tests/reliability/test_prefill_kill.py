@@ -24,8 +24,9 @@ def pending_on(farm, consumer: str) -> int:
 def test_prefill_worker_killed_mid_prefill_is_prefilled_elsewhere(proc_farm, tokenizer):
     farm = proc_farm()
     farm.start_gateway()
-    # A prefill that takes 3 s: long enough to kill the worker in the middle of it.
-    farm.start_worker("p-slow", roles="prefill", device_class="gpu", step_delay=3.0)
+    # A prefill that takes 2 s: long enough to kill the worker in the middle of it (and
+    # shorter than the heartbeat TTL, which must exceed a worker's longest engine step).
+    farm.start_worker("p-slow", roles="prefill", device_class="gpu", step_delay=2.0)
     farm.start_worker("d1", roles="decode", device_class="cpu", step_delay=0.01)
     farm.wait_registered(["p-slow", "d1"])
     farm.wait_healthy()
