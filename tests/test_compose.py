@@ -20,7 +20,9 @@ def _compose() -> dict:
 
 def test_services_healthchecks_and_gpu_reservation():
     services = _compose()["services"]
-    assert {"redis", "gateway", "gpu-worker", "cpu-worker", "batch-worker", "rq-dashboard"} <= set(services)
+    assert {"redis", "gateway", "gpu-worker", "cpu-worker", "batch-worker", "rq-dashboard"} <= set(
+        services
+    )
     for name, svc in services.items():
         assert "healthcheck" in svc, name
     devices = services["gpu-worker"]["deploy"]["resources"]["reservations"]["devices"]
