@@ -107,7 +107,7 @@ class Worker:
         self.queues.ensure_groups()
         # Batch traffic has its own stream, read only when the interactive ones gave nothing.
         self.batch_queue = None
-        self.idle_queues = self.queues  # what an idle worker blocks on: everything it serves
+        self.idle_queues = self.queues  # every stream it serves: idle waits, claims
         if "prefill" in opts.roles:
             self.batch_queue = WorkQueues(r, [keys.prefill_batch_stream], opts.worker_id, keys)
             self.batch_queue.ensure_groups()
@@ -161,7 +161,7 @@ class Worker:
         if now >= self._timers["claim"] and not self.draining:
             self._timers["claim"] = now + self.opts.claim_s
             live = {w["id"] for w in self._live_workers(force=True)}
-            for entry in self.queues.claim_orphans(live, self._free_slots()):
+            for entry in self.idle_queues.claim_orphans(live, self._free_slots()):
                 log.warning("claimed orphaned job %s from a dead worker", entry.entry_id)
                 self._accept(entry)
         if now >= self._timers["sweep"]:
@@ -171,7 +171,7 @@ class Worker:
     def take_back_own(self) -> None:
         """Jobs still pending under our id (an earlier process with this id died, or we lost
         Redis): nobody else claims them while we heartbeat, so resume them here."""
-        for entry in self.queues.own_pending():
+        for entry in self.idle_queues.own_pending():
             log.warning("taking back job %s left pending under our id", entry.entry_id)
             self._accept(entry)  # decode jobs wait in the backlog for a free slot
 
