@@ -15,7 +15,7 @@ from syshax.shared.sampling import SamplingParams
 
 from .engine.engine import EngineStats, StepOutput
 from .engine.errors import KVFormatError, RequestError
-from .engine.sequence import Sequence, SlotTable
+from .engine.sequence import Sequence, SlotTable, make_detokenizer, record_token
 
 ECHO_MODEL_ID = "echo-engine"
 
@@ -52,14 +52,7 @@ class EchoEngine:
                 f"prompt has {len(prompt)} tokens; max_model_len is {self.max_model_len}"
             )
         seq = Sequence(rid, list(prompt), params, output_ids=list(output))
-        if self.tokenizer is not None:
-            from syshax.shared.detokenizer import IncrementalDetokenizer
-
-            seq.detokenizer = IncrementalDetokenizer(
-                self.tokenizer, stop=params.stop, prompt_ids=seq.prompt_ids
-            )
-            for token_id in seq.output_ids:  # continued elsewhere: replay, as Engine does
-                seq.detokenizer.add(token_id)
+        seq.detokenizer = make_detokenizer(self.tokenizer, seq)
         self.sequences[rid] = seq
         return seq
 
@@ -125,21 +118,9 @@ class EchoEngine:
 
     def _emit(self, seq: Sequence) -> StepOutput:
         token = seq.prompt_ids[len(seq.output_ids) % len(seq.prompt_ids)]
-        seq.output_ids.append(token)
-        text = ""
-        p = seq.params
-        if seq.detokenizer is not None:
-            text = seq.detokenizer.add(token)
-            if seq.detokenizer.stopped:
-                seq.finish_reason = "stop"
-        if seq.finish_reason is None and (
-            (p.max_tokens is not None and len(seq.output_ids) >= p.max_tokens)
-            or seq.length >= self.max_model_len
-        ):
-            seq.finish_reason = "length"
+        # No eos: the echo stand-in always generates exactly max_tokens.
+        text = record_token(seq, token, frozenset(), self.max_model_len)
         if seq.finish_reason is not None:
-            if seq.detokenizer is not None:
-                text += seq.detokenizer.flush()
             self.slots.remove(seq)
             self.sequences.pop(seq.request_id, None)
         return StepOutput(

@@ -26,7 +26,7 @@ from .errors import CapacityError, EngineError, RequestError
 from .kv_cache import KVCache
 from .loader import load_model, parse_dtype
 from .sampler import sample
-from .sequence import Sequence, SlotTable
+from .sequence import Sequence, SlotTable, make_detokenizer, record_token
 
 log = logging.getLogger(__name__)
 DEFAULT_MAX_MODEL_LEN = 2048
@@ -184,19 +184,7 @@ class Engine:
             raise RequestError("stop strings need a tokenizer; this engine was loaded without one")
 
     def _detokenizer(self, seq: Sequence):
-        if self.tokenizer is None:
-            return None
-        from syshax.shared.detokenizer import IncrementalDetokenizer
-
-        det = IncrementalDetokenizer(
-            self.tokenizer, stop=seq.params.stop, prompt_ids=seq.prompt_ids
-        )
-        # A sequence that continues elsewhere (KV import, resume after a crash): replay the
-        # tokens generated so far, so the detokenizer holds what the first one held (half a
-        # UTF-8 character, a possible stop-string prefix) and the text continues seamlessly.
-        for token_id in seq.output_ids:
-            det.add(token_id)
-        return det
+        return make_detokenizer(self.tokenizer, seq)
 
     def abort(self, request_id: str) -> None:
         """Drop a request wherever it is (waiting or running) and free its slot."""
@@ -263,29 +251,13 @@ class Engine:
         return [self._update(s, t, lp) for s, t, lp in zip(running, new_tokens, lps, strict=True)]
 
     def _update(self, seq: Sequence, token: int, logprob: float | None) -> StepOutput:
-        seq.output_ids.append(token)
         seq.logprobs.append(logprob)
-        p = seq.params
-        text = ""
-        if (token in self.eos_token_ids and not p.ignore_eos) or token in p.stop_token_ids:
-            seq.finish_reason = "stop"
-        elif seq.detokenizer is not None:
-            text = seq.detokenizer.add(token)
-            if seq.detokenizer.stopped:
-                seq.finish_reason = "stop"
-        if seq.finish_reason is None and (
-            (p.max_tokens is not None and len(seq.output_ids) >= p.max_tokens)
-            or seq.length >= self.max_model_len
-        ):
-            seq.finish_reason = "length"
+        text = record_token(seq, token, self.eos_token_ids, self.max_model_len)
         if seq.finish_reason is not None:
-            if seq.detokenizer is not None:
-                text += seq.detokenizer.flush()
             self._free_slot(seq)
             self.sequences.pop(seq.request_id, None)
-        return StepOutput(
-            seq.request_id, token, text, logprob, len(seq.output_ids) - 1, seq.finish_reason
-        )
+        index = len(seq.output_ids) - 1
+        return StepOutput(seq.request_id, token, text, logprob, index, seq.finish_reason)
 
     def _free_slot(self, seq: Sequence) -> None:
         move = self.slots.remove(seq)

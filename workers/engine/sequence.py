@@ -41,6 +41,49 @@ class Sequence:
         return self.finish_reason is not None
 
 
+def make_detokenizer(tokenizer, seq: Sequence):
+    """The sequence's incremental detokenizer (None without a tokenizer).
+
+    A sequence that continues elsewhere (KV import, resume after a crash) replays the tokens
+    generated so far, so the detokenizer holds what the first one held (half a UTF-8
+    character, a possible stop-string prefix) and the text continues seamlessly.
+    """
+    if tokenizer is None:
+        return None
+    from syshax.shared.detokenizer import IncrementalDetokenizer
+
+    det = IncrementalDetokenizer(tokenizer, stop=seq.params.stop, prompt_ids=seq.prompt_ids)
+    for token_id in seq.output_ids:
+        det.add(token_id)
+    return det
+
+
+def record_token(seq: Sequence, token: int, stop_ids: frozenset[int], max_model_len: int) -> str:
+    """Append a sampled token and decide whether the sequence ends; return its new text.
+
+    Ends with "stop" on a stop token (eos unless ignore_eos, or stop_token_ids; it adds no
+    text) or a stop string, with "length" on max_tokens or max_model_len. On the last token
+    the detokenizer's held-back text is released.
+    """
+    seq.output_ids.append(token)
+    p = seq.params
+    text = ""
+    if (token in stop_ids and not p.ignore_eos) or token in p.stop_token_ids:
+        seq.finish_reason = "stop"
+    elif seq.detokenizer is not None:
+        text = seq.detokenizer.add(token)
+        if seq.detokenizer.stopped:
+            seq.finish_reason = "stop"
+    if seq.finish_reason is None and (
+        (p.max_tokens is not None and len(seq.output_ids) >= p.max_tokens)
+        or seq.length >= max_model_len
+    ):
+        seq.finish_reason = "length"
+    if seq.finish_reason is not None and seq.detokenizer is not None:
+        text += seq.detokenizer.flush()
+    return text
+
+
 class SlotTable:
     """Running sequences by cache slot, always packed into slots [0, n).
 
