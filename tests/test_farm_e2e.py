@@ -144,10 +144,6 @@ def reference():
     return run
 
 
-def _request_id(completion_id: str) -> str:
-    return completion_id
-
-
 def test_pd_request_equals_single_worker_greedy_run(farm, reference):
     expected_text, expected_ids = reference(MESSAGES, 24)
     resp = farm.client.chat.completions.create(
