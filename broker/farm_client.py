@@ -23,7 +23,7 @@ from typing import Any
 import redis
 from pydantic import ValidationError
 from syshax.gateway.errors import APIError, validation_error, worker_error
-from syshax.gateway.generation import Choice, chat_logprobs, text_logprobs
+from syshax.gateway.generation import Choice, completion_body
 from syshax.gateway.prepare import CHAT, TEXT, Plan, Preparer, job_ids
 from syshax.gateway.schemas import ChatCompletionRequest, CompletionRequest
 from syshax.gateway.settings import GatewaySettings
@@ -237,36 +237,11 @@ class FarmClient:
                     _apply(choice, event)
 
     def response(self, plan: Plan, choices: list[Choice]) -> dict[str, Any]:
-        """The non-streaming body, shaped as the gateway's `Generation.response`."""
-        out = []
-        for c in choices:
-            text = "".join(c.text)
-            choice: dict[str, Any] = {"index": c.index}
-            if plan.kind == CHAT:
-                choice["message"] = {"role": "assistant", "content": text}
-                choice["logprobs"] = chat_logprobs(self.tokenizer, c.token_ids, c.logprobs)
-            else:
-                choice["text"] = text
-                choice["logprobs"] = text_logprobs(self.tokenizer, c.token_ids, c.logprobs, 0)
-            if not plan.logprobs:
-                choice["logprobs"] = None
-            choice["finish_reason"] = c.finish_reason
-            out.append(choice)
-        prompt_tokens = len(plan.prompt_ids)
-        completion = sum(c.tokens for c in choices)
-        return {
-            "id": plan.request_id,
-            "object": "chat.completion" if plan.kind == CHAT else "text_completion",
-            "created": plan.created,
-            "model": plan.model,
-            "choices": out,
-            "usage": {
-                "prompt_tokens": prompt_tokens,
-                "completion_tokens": completion,
-                "total_tokens": prompt_tokens + completion,
-            },
-            "system_fingerprint": None,
-        }
+        """The non-streaming body, exactly as the gateway answers it."""
+        return completion_body(
+            plan.kind, plan.request_id, plan.created, plan.model, choices,
+            len(plan.prompt_ids), plan.logprobs, self.tokenizer,
+        )  # fmt: skip
 
 
 def _apply(c: Choice, event: TokenEvent) -> None:

@@ -264,29 +264,10 @@ class Generation:
                 raise worker_error(c.error)
 
     def response(self, tokenizer: Tokenizer) -> dict[str, Any]:
-        choices = []
-        for c in self.choices:
-            text = "".join(c.text)
-            choice: dict[str, Any] = {"index": c.index}
-            if self.kind == CHAT:
-                choice["message"] = {"role": "assistant", "content": text}
-                choice["logprobs"] = chat_logprobs(tokenizer, c.token_ids, c.logprobs)
-            else:
-                choice["text"] = text
-                choice["logprobs"] = text_logprobs(tokenizer, c.token_ids, c.logprobs, 0)
-            if not self.logprobs:
-                choice["logprobs"] = None
-            choice["finish_reason"] = c.finish_reason
-            choices.append(choice)
-        return {
-            "id": self.request_id,
-            "object": "chat.completion" if self.kind == CHAT else "text_completion",
-            "created": self.created,
-            "model": self.model,
-            "choices": choices,
-            "usage": self.usage(),
-            "system_fingerprint": None,
-        }
+        return completion_body(
+            self.kind, self.request_id, self.created, self.model, self.choices,
+            self.prompt_tokens, self.logprobs, tokenizer,
+        )  # fmt: skip
 
 
 def token_text(tokenizer: Tokenizer, token_id: int) -> str:
@@ -325,4 +306,46 @@ def text_logprobs(
         "token_logprobs": [lp if lp is not None else 0.0 for lp in logprobs],
         "top_logprobs": None,
         "text_offset": offsets,
+    }
+
+
+def completion_body(
+    kind: str,
+    request_id: str,
+    created: int,
+    model: str,
+    choices: list[Choice],
+    prompt_tokens: int,
+    logprobs: bool,
+    tokenizer: Tokenizer,
+) -> dict[str, Any]:
+    """The non-streaming response body (chat.completion or text_completion) of finished
+    choices; the gateway and the batch client both answer with it."""
+    out = []
+    for c in choices:
+        text = "".join(c.text)
+        choice: dict[str, Any] = {"index": c.index}
+        if kind == CHAT:
+            choice["message"] = {"role": "assistant", "content": text}
+            choice["logprobs"] = chat_logprobs(tokenizer, c.token_ids, c.logprobs)
+        else:
+            choice["text"] = text
+            choice["logprobs"] = text_logprobs(tokenizer, c.token_ids, c.logprobs, 0)
+        if not logprobs:
+            choice["logprobs"] = None
+        choice["finish_reason"] = c.finish_reason
+        out.append(choice)
+    completion = sum(c.tokens for c in choices)
+    return {
+        "id": request_id,
+        "object": "chat.completion" if kind == CHAT else "text_completion",
+        "created": created,
+        "model": model,
+        "choices": out,
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion,
+            "total_tokens": prompt_tokens + completion,
+        },
+        "system_fingerprint": None,
     }
