@@ -97,6 +97,15 @@ def nrc() -> int | None:
     return _positive_int("NRC")
 
 
+def kernel_cache_dir() -> Path:
+    """SYSHAX_KERNEL_CACHE: where the compiled CPU kernels are cached (default ~/.cache/syshax/kernels)."""
+    value = _raw("SYSHAX_KERNEL_CACHE")
+    if value is not None:
+        return Path(value).expanduser()
+    base = _raw("XDG_CACHE_HOME")
+    return (Path(base) if base else Path.home() / ".cache") / "syshax" / "kernels"
+
+
 # name -> reader; also the list the docs describe.
 ENV_VARS: dict[str, Callable[[], Any]] = {
     "DEBUG": debug,
@@ -106,6 +115,7 @@ ENV_VARS: dict[str, Callable[[], Any]] = {
     "CUSTOM_CPU_AFFINITY": custom_cpu_affinity,
     "SYSHAX_QUANTIZE": quantize,
     "NRC": nrc,
+    "SYSHAX_KERNEL_CACHE": kernel_cache_dir,
 }
 
 

@@ -54,16 +54,44 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="print token counts and prefill/decode speed to stderr when done",
     )
+    p.add_argument(
+        "--quantize",
+        choices=("q8_0", "q4_0", "none"),
+        default=None,
+        help="quantize the weights for the CPU kernels (GGML block formats; default: "
+        "$SYSHAX_QUANTIZE, else none)",
+    )
+    p.add_argument(
+        "--op-mode",
+        choices=("fused", "none"),
+        default=None,
+        help="fused = the whole decode step in native code; none = PyTorch ops "
+        "(default: $INFERENCE_OP_MODE, else none)",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="CPU threads (default: $OMP_NUM_THREADS, else torch's default)",
+    )
     p.add_argument("--no-progress", action="store_true", help="hide the model-loading progress bar")
 
 
 def run(args: argparse.Namespace) -> int:
+    from syshax.shared import env
     from syshax.shared.sampling import SamplingError, SamplingParams
     from syshax.workers.engine.engine import Engine
     from syshax.workers.engine.errors import EngineError
 
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     try:
+        quantize = args.quantize or env.quantize()
+        op_mode = args.op_mode or env.inference_op_mode()
+        threads = args.threads or env.omp_num_threads()
+        if threads:
+            import torch
+
+            torch.set_num_threads(threads)
         params = SamplingParams(
             max_tokens=args.max_tokens,
             temperature=args.temperature,
@@ -79,6 +107,9 @@ def run(args: argparse.Namespace) -> int:
             max_model_len=args.max_model_len,
             max_num_seqs=1,
             progress=not args.no_progress,
+            quantize=None if quantize == "none" else quantize,
+            op_mode=None if op_mode == "none" else op_mode,
+            nrc=env.nrc(),
         )
         tok = engine.tokenizer
         if args.chat:

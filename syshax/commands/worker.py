@@ -112,7 +112,7 @@ def _resolve_device(device: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _build_engine(args, cfg, device: str, slots: int):
+def _build_engine(args, cfg, device: str, slots: int, kernels=None):
     from syshax.shared.tokenizer import Tokenizer
     from syshax.workers.engine.loader import resolve_model_path
 
@@ -135,7 +135,18 @@ def _build_engine(args, cfg, device: str, slots: int):
         dtype=args.dtype or cfg.dtype,
         max_model_len=args.max_model_len or cfg.max_model_len,
         max_num_seqs=slots,
+        **(kernels.engine_kwargs() if kernels is not None else {}),
     )
+
+
+def _cpu_kernel_options(cls: str, device: str, threads: int, engine: str):
+    """SYSHAX_QUANTIZE / INFERENCE_OP_MODE / NRC / CUSTOM_CPU_AFFINITY for a CPU decode worker
+    (checked before loading); None for other workers, which ignore them."""
+    if cls != "cpu" or device != "cpu" or engine != "model":
+        return None
+    from syshax.workers.cpu.options import from_env
+
+    return from_env(threads)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -160,11 +171,32 @@ def run(args: argparse.Namespace) -> int:
         "cpu" if roles == {"decode"} and (args.device or "cpu") == "cpu" else "gpu"
     )
     device = _resolve_device(args.device or (cfg.gpu.device if cls == "gpu" else "cpu"))
-    threads = args.threads or resolve_threads(cfg.gpu.threads if cls == "gpu" else cfg.cpu.threads)
+    from syshax.shared import env
+    from syshax.shared.env import EnvError
+    from syshax.workers.cpu.affinity import AffinityError
+
+    try:
+        threads = (
+            args.threads
+            or (env.omp_num_threads() if cls == "cpu" else None)
+            or resolve_threads(cfg.gpu.threads if cls == "gpu" else cfg.cpu.threads)
+        )
+        kernels = _cpu_kernel_options(cls, device, threads, args.engine)
+    except (EnvError, AffinityError) as exc:
+        log.error("%s", exc)
+        return 2
     if device == "cpu" and args.engine == "model":
         import torch
 
         torch.set_num_threads(threads)
+    if kernels is not None:
+        from syshax.workers.cpu.options import pin_threads
+
+        try:
+            pin_threads(kernels)
+        except Exception as exc:  # a kernel build failure or a refused pinning: say which
+            log.error("%s", exc)
+            return 2
     slots = args.max_batch_size or (
         cfg.gpu.max_batch_size if cls == "gpu" else cfg.cpu_max_batch_size
     )
@@ -183,7 +215,13 @@ def run(args: argparse.Namespace) -> int:
             "no Redis URL: pass --redis-url or set redis.url (syshax run starts an embedded one)"
         )
         return 2
-    engine = _build_engine(args, cfg, device, slots)
+    from syshax.workers.engine.errors import EngineError
+
+    try:
+        engine = _build_engine(args, cfg, device, slots, kernels)
+    except EngineError as exc:
+        log.error("%s", exc)
+        return 2
     worker_id = args.id or f"{cls}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:4]}"
     opts = WorkerOptions(
         worker_id=worker_id,

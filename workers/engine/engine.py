@@ -93,8 +93,21 @@ class Engine:
         max_num_seqs: int = 16,
         load_tokenizer: bool = True,
         progress: bool = True,
+        quantize: str | None = None,
+        op_mode: str | None = None,
+        nrc: int | None = None,
     ):
+        """`quantize` (q8_0 | q4_0), `op_mode` ("fused") and `nrc` (GEMM row tile) select the
+        native CPU kernels (workers/cpu); they are what SYSHAX_QUANTIZE, INFERENCE_OP_MODE and
+        NRC set for a worker. None = plain PyTorch."""
         self.device = resolve_device(device)
+        if (quantize or op_mode) and self.device.type != "cpu":
+            raise EngineError(
+                "quantize/op_mode select the CPU kernels; this engine's device is "
+                f"{self.device.type} (unset SYSHAX_QUANTIZE and INFERENCE_OP_MODE for it)"
+            )
+        if op_mode not in (None, "fused"):
+            raise EngineError(f"op_mode {op_mode!r} is not valid; use 'fused' or None")
         self.dtype = parse_dtype(dtype)
         if max_num_seqs < 1:
             raise EngineError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
@@ -106,6 +119,16 @@ class Engine:
         self.config = loaded.config
         self.model = loaded.model
         self.model_path = loaded.path
+        self.quantize, self.op_mode = quantize, op_mode
+        if quantize:
+            from syshax.workers.cpu.build import KernelBuildError
+            from syshax.workers.cpu.quantized import quantize_model
+
+            try:
+                quantize_model(self.model, quantize, loaded.raw, nrc or 0)
+            except (ValueError, KernelBuildError) as exc:
+                raise EngineError(f"cannot quantize this model to {quantize}: {exc}") from exc
+        del loaded
         limit = self.config.max_position_embeddings
         if self.config.sliding_window:
             # Attention here is full; beyond the window it would differ from the model's.
@@ -119,7 +142,19 @@ class Engine:
         if max_model_len != probe_len:
             self.model.init_rope(max_model_len, self.device)
         self.max_model_len = max_model_len
-        self.cache = KVCache(self.config, max_num_seqs, max_model_len, self.dtype, self.device)
+        fused = op_mode == "fused"
+        self.cache = KVCache(
+            self.config, max_num_seqs, max_model_len, self.dtype, self.device, zero=not fused
+        )
+        self.fused = None
+        if op_mode == "fused":
+            from syshax.workers.cpu.build import KernelBuildError
+            from syshax.workers.cpu.fused import FusedDecoder, FusedError
+
+            try:
+                self.fused = FusedDecoder(self.model, self.cache, nrc=nrc or 0)
+            except (FusedError, KernelBuildError) as exc:
+                raise EngineError(str(exc)) from exc
         log.info(
             "KV cache: %d slots x %d positions = %.1f MiB",
             max_num_seqs,
@@ -228,15 +263,12 @@ class Engine:
     def _decode(self) -> list[StepOutput]:
         running = list(self.slots.running)
         start = time.perf_counter()
-        dev = self.device
-        tokens = torch.tensor([s.output_ids[-1] for s in running], dtype=torch.long, device=dev)
+        token_list = [s.output_ids[-1] for s in running]
         pos_list = [s.num_cached for s in running]
-        positions = torch.tensor(pos_list, dtype=torch.long, device=dev)
-        length = max(pos_list) + 1
-        visible = torch.arange(length, device=dev)[None, :] <= positions[:, None]
-        mask = torch.zeros(visible.shape, dtype=torch.float32, device=dev)
-        mask.masked_fill_(~visible, float("-inf"))
-        logits = self.model.decode(tokens, positions, mask[:, None, None, :], self.cache)
+        if self.fused is not None:
+            logits = self.fused.decode(token_list, pos_list)
+        else:
+            logits = self._torch_decode(token_list, pos_list)
         for s in running:
             s.num_cached += 1
         new_tokens, lps = sample(
@@ -249,6 +281,16 @@ class Engine:
         self.stats.decode_steps += 1
         self.stats.recent.append((len(running), elapsed))
         return [self._update(s, t, lp) for s, t, lp in zip(running, new_tokens, lps, strict=True)]
+
+    def _torch_decode(self, token_list: list[int], pos_list: list[int]) -> torch.Tensor:
+        dev = self.device
+        tokens = torch.tensor(token_list, dtype=torch.long, device=dev)
+        positions = torch.tensor(pos_list, dtype=torch.long, device=dev)
+        length = max(pos_list) + 1
+        visible = torch.arange(length, device=dev)[None, :] <= positions[:, None]
+        mask = torch.zeros(visible.shape, dtype=torch.float32, device=dev)
+        mask.masked_fill_(~visible, float("-inf"))
+        return self.model.decode(tokens, positions, mask[:, None, None, :], self.cache)
 
     def _update(self, seq: Sequence, token: int, logprob: float | None) -> StepOutput:
         seq.logprobs.append(logprob)

@@ -24,7 +24,10 @@ class KVCache:
         max_model_len: int,
         dtype: torch.dtype,
         device: torch.device | str,
+        zero: bool = True,
     ):
+        """`zero=False` leaves the memory untouched for whoever fills it (the fused CPU step
+        zeroes it from the threads that will read it, for NUMA placement)."""
         shape = (
             config.num_layers,
             num_slots,
@@ -32,8 +35,9 @@ class KVCache:
             max_model_len,
             config.head_dim,
         )
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        alloc = torch.zeros if zero else torch.empty
+        self.k = alloc(shape, dtype=dtype, device=device)
+        self.v = alloc(shape, dtype=dtype, device=device)
         self.num_slots = num_slots
         self.max_model_len = max_model_len
 

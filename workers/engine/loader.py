@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 import sys
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -48,6 +48,9 @@ class LoadedModel:
     config: ModelConfig
     model: Transformer
     path: Path
+    # GGUF only: HF name -> (ggml type, Q4_0/Q4_1/Q8_0 blocks as stored, q/k rows in HF order),
+    # so a quantized engine can take them without requantizing.
+    raw: dict = field(default_factory=dict)
 
 
 _LAYER = re.compile(r"model\.layers\.(\d+)\.(.+)")
@@ -93,6 +96,7 @@ def load_model(
 
         gguf = read_gguf(path, dtype=dtype, progress=progress)
         config = ModelConfig.from_hf(gguf.hf_config, source=str(path), name=path.stem)
+        raw = _raw_in_hf_order(gguf)
         named: Iterable[tuple[str, torch.Tensor]] = gguf.tensors.items()
         total = len(gguf.tensors)
         progress = False  # read_gguf showed its own bar while dequantizing
@@ -103,6 +107,7 @@ def load_model(
         files = hf_weights.safetensors_files(path)
         named = ((n, t) for n, t, _ in hf_weights.iter_tensors(files))
         total = hf_weights.count_tensors(files)
+        raw = {}
     else:
         raise ModelLoadError(f"{path}: expected an HF model folder or a .gguf file")
 
@@ -159,4 +164,20 @@ def load_model(
     if config.tie_word_embeddings:
         net.lm_head.weight = net.embed_tokens.weight
     net.init_rope(max_model_len, device)
-    return LoadedModel(config=config, model=net.eval(), path=path)
+    return LoadedModel(config=config, model=net.eval(), path=path, raw=raw)
+
+
+def _raw_in_hf_order(gguf) -> dict:
+    """GGUFModel.raw with llama.cpp's q/k row permutation undone (llama-architecture files)."""
+    from .gguf_rope import unpermute_qk
+
+    permuted = gguf.hf_config.get("model_type") in ("llama", "mistral")
+    heads = {
+        "self_attn.q_proj.weight": gguf.hf_config["num_attention_heads"],
+        "self_attn.k_proj.weight": gguf.hf_config["num_key_value_heads"],
+    }
+    out = {}
+    for name, (qtype, blocks) in gguf.raw.items():
+        n_heads = next((h for suffix, h in heads.items() if name.endswith(suffix)), None)
+        out[name] = (qtype, unpermute_qk(blocks, n_heads) if permuted and n_heads else blocks)
+    return out

@@ -7,7 +7,7 @@ import torch
 from syshax.shared.sampling import SamplingParams
 from syshax.workers.engine.engine import Engine
 
-from .conftest import ARCHS
+from ..conftest import ARCHS
 
 PROMPT = [5, 17, 33, 101, 7, 9, 250, 3, 77]
 N_TOKENS = 40

@@ -1,4 +1,5 @@
-"""Tiny random-weight models of each supported architecture, saved as HF folders."""
+"""Tiny random-weight models of each supported architecture, saved as HF folders (shared by
+the engine tests and the CPU-kernel tests)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,107 @@
+"""The fused native decode step against the PyTorch path, on tiny random models of every
+supported architecture: the same tokens for float32 weights, logits within the quantization's
+noise for Q8_0/Q4_0, and batches equal to single runs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from syshax.shared.sampling import SamplingParams
+from syshax.workers.cpu.quantized import QuantLinear
+from syshax.workers.engine.engine import Engine
+from syshax.workers.engine.errors import EngineError
+
+from ..conftest import ARCHS
+
+PROMPT = [5, 17, 99, 3, 250, 42, 7, 300, 11]
+GREEDY = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+
+
+def _greedy(engine: Engine, prompt=PROMPT, params=GREEDY) -> list[int]:
+    return [o.token_id for o in engine.generate(prompt, params)]
+
+
+def _engine(folder, **kw) -> Engine:
+    return Engine(
+        folder, max_model_len=128, max_num_seqs=4, load_tokenizer=False, progress=False, **kw
+    )
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_fused_float32_gives_the_pytorch_tokens(tiny_models, arch):
+    folder, _ = tiny_models[arch]
+    assert _greedy(_engine(folder, op_mode="fused")) == _greedy(_engine(folder))
+
+
+def _teacher_forced(engine: Engine, prompt: list[int], steps: int):
+    """Both paths' logits at every step from the same cache; the PyTorch path's cache goes on."""
+    engine.add_request("t", prompt, SamplingParams(max_tokens=steps + 2, temperature=0))
+    engine.step()  # prefill
+    seq = engine.sequences["t"]
+    pairs = []
+    for _ in range(steps):
+        tok, pos = [seq.output_ids[-1]], [seq.num_cached]
+        k, v = engine.cache.k.clone(), engine.cache.v.clone()
+        fused = engine.fused.decode(tok, pos)
+        engine.cache.k.copy_(k)
+        engine.cache.v.copy_(v)
+        pairs.append((fused[0], engine._torch_decode(tok, pos)[0]))
+        seq.num_cached += 1
+        seq.output_ids.append(int(pairs[-1][1].argmax()))
+    return pairs
+
+
+@pytest.mark.parametrize("quant", ["q8_0", "q4_0"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_fused_quantized_matches_pytorch_quantized(tiny_models, arch, quant):
+    """Same weights (one QuantLinear set); the paths differ only in float rounding of norms,
+    rope, attention and SiLU, which can move an activation across an 8-bit rounding boundary.
+    Logits must agree to 2% of their range, and wherever the top two logits are further
+    apart than that, the greedy token must be the same."""
+    folder, _ = tiny_models[arch]
+    engine = _engine(folder, quantize=quant, op_mode="fused")
+    assert isinstance(engine.model.layers[0].mlp.down_proj, QuantLinear)
+    for fused, ref in _teacher_forced(engine, PROMPT, steps=24):
+        tol = 0.02 * float(ref.max() - ref.min())
+        assert (fused - ref).abs().max() <= tol
+        top2 = ref.topk(2).values
+        if top2[0] - top2[1] > 2 * tol:
+            assert fused.argmax() == ref.argmax()
+
+
+@pytest.mark.parametrize("quant", [None, "q4_0"])
+def test_fused_batch_equals_single_runs(tiny_models, quant):
+    """Sequences of different lengths, joining mid-flight, decoded together: each gets exactly
+    the tokens it gets alone (no row of the batch depends on another)."""
+    folder, _ = tiny_models["qwen2"]
+    prompts = [PROMPT, PROMPT[:4], [9, 8, 7, 6, 5, 4, 3, 2, 1, 0, 44, 45], [77]]
+    alone = [_greedy(_engine(folder, quantize=quant, op_mode="fused"), p) for p in prompts]
+    engine = _engine(folder, quantize=quant, op_mode="fused")
+    got: dict[str, list[int]] = {}
+    for i, p in enumerate(prompts[:2]):
+        engine.add_request(str(i), p, GREEDY)
+    steps = 0
+    while engine.has_unfinished():
+        if steps == 5:
+            for i, p in enumerate(prompts[2:], start=2):
+                engine.add_request(str(i), p, GREEDY)
+        for out in engine.step():
+            got.setdefault(out.request_id, []).append(out.token_id)
+        steps += 1
+    assert [got[str(i)] for i in range(len(prompts))] == alone
+
+
+def test_fused_refuses_what_it_cannot_run(tiny_models):
+    folder, _ = tiny_models["llama"]
+    with pytest.raises(EngineError, match="float32"):
+        _engine(folder, op_mode="fused", dtype="bfloat16")
+    with pytest.raises(EngineError, match="op_mode"):
+        _engine(folder, op_mode="turbo")
+    with pytest.raises(EngineError, match="not supported"):
+        _engine(folder, quantize="q2_k")
+    engine = _engine(folder, op_mode="fused")
+    with pytest.raises(RuntimeError, match="position"):
+        engine.fused.decode([1], [10_000])
+    with pytest.raises(RuntimeError, match="vocabulary"):
+        engine.fused.decode([10**6], [0])
+    assert torch.isfinite(engine.fused.decode([1], [0])).all()

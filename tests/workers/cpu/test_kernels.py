@@ -1,0 +1,147 @@
+"""Native kernels against references on random data: GGML quantization bit for bit against
+gguf-py (ggml's reference rounding), the integer GEMM against exact float arithmetic on the
+same quantized values, and against the float product within each format's stated bound."""
+
+from __future__ import annotations
+
+import ctypes
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as T
+from syshax.workers.cpu import lib
+
+QTYPES = [(lib.Q8_0, T.Q8_0), (lib.Q4_0, T.Q4_0)]
+
+
+def _weights(rows: int, cols: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(rows, cols, generator=g)
+    w[0, :32] = 0.0  # an all-zero block: d = 0, no division by zero
+    w[1, :32] = 0.5  # ties for the largest magnitude: the first one wins
+    w[2, 5] = 40.0  # an outlier that sets its block's scale
+    return w
+
+
+@pytest.mark.parametrize(("ours", "theirs"), QTYPES)
+def test_weight_quantization_is_bit_exact_with_gguf(ours, theirs):
+    w = _weights(48, 256, seed=1)
+    blocks = lib.quantize(w, ours)
+    expected = gguf.quants.quantize(w.numpy(), theirs)
+    assert np.array_equal(blocks.numpy(), expected)
+    back = lib.dequantize(blocks, ours, 256)
+    assert np.array_equal(back.numpy(), gguf.quants.dequantize(expected, theirs))
+
+
+def test_activation_quantization_matches_torch_reference():
+    x = torch.randn(7, 128) * 3
+    x[0, :32] = 0.0
+    qs, scales = lib.quantize_act(x)
+    blocks = x.view(7, 4, 32)
+    d = blocks.abs().amax(-1) / 127
+    inv = torch.where(d == 0, torch.zeros_like(d), 1.0 / d)
+    ref = torch.round(blocks * inv[..., None])  # round half to even, like the kernels
+    assert torch.equal(scales, d)
+    assert torch.equal(qs.view(7, 4, 32).float(), ref)
+
+
+def _reference(mat_type: int, blocks: torch.Tensor, x: torch.Tensor, cols: int) -> torch.Tensor:
+    """Exact (float64) product of the dequantized weights and the dequantized activations."""
+    w = lib.dequantize(blocks, mat_type, cols).double()
+    qs, scales = lib.quantize_act(x)
+    xq = (qs.double().view(x.shape[0], -1, 32) * scales.double()[..., None]).view(x.shape)
+    return xq @ w.T
+
+
+@pytest.mark.parametrize(("ours", "theirs"), QTYPES)
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 7, 16, 17])
+def test_quantized_gemm_equals_integer_arithmetic(ours, theirs, n):
+    """Integer dot products are exact; only the float accumulation of block results rounds:
+    the GEMM is within 1e-5 of the exact product (relative to sum |w x|)."""
+    rows, cols = 40, 192
+    w = _weights(rows, cols, seed=n)
+    blocks = lib.quantize(w, ours)
+    bias = torch.randn(rows)
+    mat = lib.make_mat(ours, blocks, rows, cols, bias)
+    x = torch.randn(n, cols)
+    y = lib.gemm(mat, x, threads=2)
+    exact = _reference(ours, blocks, x, cols) + bias.double()
+    scale = (x.abs().double() @ lib.dequantize(blocks, ours, cols).abs().double().T) + 1.0
+    assert ((y.double() - exact).abs() / scale).max() < 1e-5
+
+
+@pytest.mark.parametrize(("ours", "theirs"), QTYPES)
+def test_quantized_gemm_error_against_float_is_within_format_bound(ours, theirs):
+    """|y - x W^T| <= sum_i |dw_i| |x_i| + |w_i| |dx_i| + |dw_i| |dx_i|, with |dw| <= d_w / 2
+    per weight (Q8_0: d_w = max|w| / 127; Q4_0: d_w = max|w| / 8) and |dx| <= d_x / 2
+    (d_x = max|x| / 127), per 32-element block."""
+    rows, cols, n = 32, 256, 5
+    w = torch.randn(rows, cols)
+    x = torch.randn(n, cols)
+    mat = lib.make_mat(ours, lib.quantize(w, ours), rows, cols, None)
+    y = lib.gemm(mat, x, threads=2)
+    steps = 127 if ours == lib.Q8_0 else 8
+    dw = (w.view(rows, -1, 32).abs().amax(-1) / steps / 2).repeat_interleave(32, 1)
+    dx = (x.view(n, -1, 32).abs().amax(-1) / 127 / 2).repeat_interleave(32, 1)
+    bound = dx @ w.abs().T + x.abs() @ dw.T + dx @ dw.T
+    err = (y - x @ w.T).abs()
+    assert (err <= bound * 1.001 + 1e-4).all()
+    assert err.max() > 0  # the quantization is real: the product is not the float one
+
+
+def test_f32_gemm_equals_torch():
+    w, x, b = torch.randn(24, 96), torch.randn(3, 96), torch.randn(24)
+    y = lib.gemm(lib.make_mat(lib.F32, w, 24, 96, b), x, threads=2)
+    torch.testing.assert_close(y, x @ w.T + b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("qtype", [lib.F32, lib.Q8_0, lib.Q4_0])
+def test_results_do_not_depend_on_batch_tile_or_threads(qtype):
+    rows, cols = 37, 160  # rows not a multiple of any tile: remainder tiles run too
+    w = torch.randn(rows, cols)
+    data = w if qtype == lib.F32 else lib.quantize(w, qtype)
+    mat = lib.make_mat(qtype, data, rows, cols, None)
+    x = torch.randn(9, cols)
+    base = lib.gemm(mat, x, threads=1)
+    for nrc in (1, 2, 4, 8):
+        assert torch.equal(lib.gemm(mat, x, threads=2, nrc=nrc), base)
+    singles = torch.cat([lib.gemm(mat, x[i : i + 1], threads=2) for i in range(9)])
+    assert torch.equal(singles, base)
+
+
+@pytest.mark.parametrize("qtype", [lib.F32, lib.Q8_0, lib.Q4_0])
+def test_portable_build_computes_the_same_bits(qtype):
+    """The scalar fallback (what a machine without AVX2 runs) mirrors the SIMD lanes."""
+    w = torch.randn(20, 128)
+    data = w if qtype == lib.F32 else lib.quantize(w, qtype)
+    mat = lib.make_mat(qtype, data, 20, 128, None)
+    x = torch.randn(5, 128)
+    assert torch.equal(lib.gemm(mat, x, threads=1, variant="portable"), lib.gemm(mat, x, threads=1))
+    qs, sc = lib.quantize_act(x, variant="portable")
+    qs2, sc2 = lib.quantize_act(x)
+    assert torch.equal(qs, qs2) and torch.equal(sc, sc2)
+
+
+def test_place_copies_every_row():
+    w = torch.randn(50, 64)
+    blocks = lib.quantize(w, lib.Q4_0)
+    for paired in (0, 1):
+        out = torch.zeros_like(blocks)
+        src = lib.make_mat(lib.Q4_0, blocks, 50, 64, None)
+        lib.load().sx_place(ctypes.byref(src), lib.ptr(out), 2, 0, paired)
+        assert torch.equal(out, blocks)
+
+
+def test_rmsnorm_and_softmax_match_torch():
+    x, w = torch.randn(576), torch.randn(576)
+    out = torch.empty(576)
+    lib.load().sx_rmsnorm(lib.ptr(x), lib.ptr(w), 576, 1e-5, lib.ptr(out))
+    ref = w * (x * torch.rsqrt(x.pow(2).mean() + 1e-5))
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
+    for n in (1, 7, 8, 100, 1000):
+        s = torch.randn(n) * 20
+        ref = torch.softmax(s, 0)
+        lib.load().sx_softmax_inplace(lib.ptr(s), n)
+        torch.testing.assert_close(s, ref, rtol=2e-6, atol=1e-7)

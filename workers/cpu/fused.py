@@ -1,0 +1,131 @@
+"""INFERENCE_OP_MODE=fused: the whole decode step of a batch in one native call (sx_decode).
+
+`FusedDecoder` describes the loaded `Transformer` to the kernels once (pointers to its
+weights, norms, rope tables and the engine's KV cache, no copies) and then runs steps. It
+reads the same weights as the PyTorch path: QuantLinear blocks when the model is quantized,
+the float Linear weights otherwise, so both paths produce the same tokens within float
+rounding of the non-GEMM ops (the GEMM code is shared).
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+from torch import nn
+
+from . import lib
+from .quantized import QuantLinear
+
+_ERRORS = {
+    -1: "batch size out of range",
+    -2: "a position is outside the KV cache",
+    -3: "a token id is outside the vocabulary",
+}
+
+
+class FusedError(RuntimeError):
+    """The fused step cannot run this model or batch; the message says why."""
+
+
+def _mat(module: nn.Module, keep: list) -> lib.SxMat:
+    if isinstance(module, QuantLinear):
+        return module.mat
+    if isinstance(module, nn.Linear):
+        w = module.weight.detach()
+        if w.dtype != torch.float32:
+            raise FusedError("fused mode needs float32 weights or SYSHAX_QUANTIZE=q8_0|q4_0")
+        w = w.contiguous()
+        b = None if module.bias is None else module.bias.detach().float().contiguous()
+        keep += [w, b]
+        return lib.make_mat(lib.F32, w, module.out_features, module.in_features, b)
+    raise FusedError(f"cannot run a {type(module).__name__} in the fused step")
+
+
+class FusedDecoder:
+    def __init__(self, model: nn.Module, cache, threads: int | None = None, nrc: int = 0):
+        self._ctx = None
+        c = model.config
+        if cache.k.dtype != torch.float32 or cache.k.device.type != "cpu":
+            raise FusedError("fused mode runs on the CPU with a float32 KV cache (--dtype float32)")
+        for name, size in (
+            ("hidden_size", c.hidden_size),
+            ("intermediate_size", c.intermediate_size),
+            ("heads x head_dim", c.num_heads * c.head_dim),
+        ):
+            if size % lib.BLOCK:
+                raise FusedError(
+                    f"fused mode needs {name} to be a multiple of {lib.BLOCK}, got {size}"
+                )
+        self._lib = lib.load()
+        self.threads = threads or torch.get_num_threads()
+        self.vocab = c.vocab_size
+        keep: list = [cache.k, cache.v]
+        shape = cache.k.shape  # [layers, slots, kv_heads, max_len, head_dim]
+        self._lib.sx_place_kv(lib.ptr(cache.k), lib.ptr(cache.v), *shape, self.threads)
+
+        def f32(t: torch.Tensor | None) -> int | None:
+            if t is None:
+                return None
+            t = t.detach().float().contiguous()
+            keep.append(t)
+            return t.data_ptr()
+
+        layers = (lib.SxLayer * c.num_layers)()
+        for i, block in enumerate(model.layers):
+            attn = block.self_attn
+            layers[i] = lib.SxLayer(
+                attn_norm=f32(block.input_layernorm.weight),
+                ffn_norm=f32(block.post_attention_layernorm.weight),
+                q_norm=f32(attn.q_norm.weight) if attn.q_norm is not None else None,
+                k_norm=f32(attn.k_norm.weight) if attn.k_norm is not None else None,
+                qkv=_mat(attn.qkv_proj, keep),
+                o=_mat(attn.o_proj, keep),
+                gate_up=_mat(block.mlp.gate_up_proj, keep),
+                down=_mat(block.mlp.down_proj, keep),
+                k_cache=lib.ptr(cache.k[i]),
+                v_cache=lib.ptr(cache.v[i]),
+            )
+        self.model_desc = lib.SxModel(
+            n_layers=c.num_layers,
+            hidden=c.hidden_size,
+            n_heads=c.num_heads,
+            n_kv_heads=c.num_kv_heads,
+            head_dim=c.head_dim,
+            inter=c.intermediate_size,
+            vocab=c.vocab_size,
+            max_len=cache.max_model_len,
+            n_slots=cache.num_slots,
+            eps=c.rms_norm_eps,
+            embed=f32(model.embed_tokens.weight),
+            final_norm=f32(model.norm.weight),
+            lm_head=_mat(model.lm_head, keep),
+            rope_cos=f32(model.rope_cos[: cache.max_model_len]),
+            rope_sin=f32(model.rope_sin[: cache.max_model_len]),
+            layers=layers,
+        )
+        self._layers, self._keep = layers, keep
+        self._ctx = self._lib.sx_ctx_new(
+            ctypes.byref(self.model_desc), cache.num_slots, self.threads, nrc
+        )
+        if not self._ctx:
+            raise FusedError("could not allocate the fused step's buffers")
+
+    def decode(self, tokens: list[int], positions: list[int]) -> torch.Tensor:
+        """Logits [n, vocab] (fp32) for token i of the sequence in slot i at positions[i]."""
+        n = len(tokens)
+        tok = torch.tensor(tokens, dtype=torch.int64)
+        pos = torch.tensor(positions, dtype=torch.int64)
+        logits = torch.empty((n, self.vocab), dtype=torch.float32)
+        rc = self._lib.sx_decode(self._ctx, n, tok.data_ptr(), pos.data_ptr(), logits.data_ptr())
+        if rc != 0:
+            raise FusedError(f"fused decode step refused the batch: {_ERRORS.get(rc, rc)}")
+        return logits
+
+    def close(self) -> None:
+        if self._ctx:
+            self._lib.sx_ctx_free(self._ctx)
+            self._ctx = None
+
+    def __del__(self) -> None:
+        self.close()

@@ -1,0 +1,230 @@
+/* The fused decode step: one call runs every layer for the whole batch, in one OpenMP
+ * parallel region with five barriers per layer (after qkv, attention, o_proj, gate_up and
+ * down), instead of dozens of framework ops per layer.
+ *
+ * Per layer, each thread:
+ *   1. normalises + quantizes the residual stream x (all rows, a private copy: cheaper than a
+ *      barrier) and computes its partition of the qkv rows;              barrier
+ *   2. takes (sequence, kv head) items: q/k norm, rope, K/V into the cache, attention; barrier
+ *   3. quantizes the attention output, its o_proj rows, adds them into x;  barrier
+ *   4. normalises x, computes gate and up for its partition of the intermediate features and
+ *      applies silu(gate) * up (gate row j and up row j are in the same thread);  barrier
+ *   5. quantizes that, its down_proj rows, adds them into x;               barrier
+ * then the final norm and its partition of the lm_head rows. The row partition is the one
+ * sx_place used to first-touch the weights, so each thread streams memory local to it. */
+#define _GNU_SOURCE
+#include <sched.h>
+#include <stdlib.h>
+
+#include "gemm.h"
+#include "ops.h"
+#include "simd.h"
+
+typedef struct {
+    float *xn;              /* [B, kmax] normalised activations */
+    sx_act_block *blocks;   /* [B, kmax / 32] */
+    float *scales;          /* [B, kmax / 32] */
+    float *scores;          /* [max_len] */
+} sx_scratch;
+
+struct sx_ctx {
+    sx_model m;
+    int max_batch, nt, nrc, kmax, q_out, kv_out;
+    float *x, *qkv, *attn, *proj, *gu, *h;
+    sx_scratch *ws;
+};
+
+const char *sx_simd(void) {
+#ifdef SX_AVX2
+    return "avx2+fma+f16c";
+#else
+    return "portable";
+#endif
+}
+
+int sx_max_threads(void) {
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+
+int sx_pin_threads(const int *cpus, int n) {
+    int bad = 0, got = 0;
+#pragma omp parallel num_threads(n) reduction(max : bad) reduction(max : got)
+    {
+        const int t = sx_thread_num();
+        got = sx_num_threads();
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        CPU_SET(cpus[t], &set);
+        if (sched_setaffinity(0, sizeof(set), &set) != 0) bad = t + 1;
+    }
+    if (got != n) return -1;
+    return bad;
+}
+
+static void *zalloc(size_t bytes) {
+    void *p = aligned_alloc(64, (bytes + 63) / 64 * 64);
+    if (p) memset(p, 0, (bytes + 63) / 64 * 64);
+    return p;
+}
+
+void sx_ctx_free(sx_ctx *c) {
+    if (!c) return;
+    if (c->ws)
+        for (int t = 0; t < c->nt; t++) {
+            free(c->ws[t].xn);
+            free(c->ws[t].blocks);
+            free(c->ws[t].scales);
+            free(c->ws[t].scores);
+        }
+    free(c->ws);
+    free(c->x);
+    free(c->qkv);
+    free(c->attn);
+    free(c->proj);
+    free(c->gu);
+    free(c->h);
+    free(c);
+}
+
+sx_ctx *sx_ctx_new(const sx_model *m, int max_batch, int n_threads, int nrc) {
+    sx_ctx *c = (sx_ctx *)calloc(1, sizeof(sx_ctx));
+    if (!c) return NULL;
+    c->m = *m;
+    c->max_batch = max_batch;
+    c->nt = n_threads < 1 ? 1 : n_threads;
+    c->nrc = nrc;
+    c->q_out = m->n_heads * m->head_dim;
+    c->kv_out = m->n_kv_heads * m->head_dim;
+    int kmax = m->hidden > c->q_out ? m->hidden : c->q_out;
+    c->kmax = kmax > m->inter ? kmax : m->inter;
+    const size_t B = (size_t)max_batch;
+    c->x = zalloc(B * m->hidden * 4);
+    c->qkv = zalloc(B * (c->q_out + 2 * c->kv_out) * 4);
+    c->attn = zalloc(B * c->q_out * 4);
+    c->proj = zalloc(B * m->hidden * 4);
+    c->gu = zalloc(B * 2 * m->inter * 4);
+    c->h = zalloc(B * m->inter * 4);
+    c->ws = (sx_scratch *)calloc(c->nt, sizeof(sx_scratch));
+    int ok = c->x && c->qkv && c->attn && c->proj && c->gu && c->h && c->ws;
+    for (int t = 0; ok && t < c->nt; t++) {
+        c->ws[t].xn = zalloc(B * c->kmax * 4);
+        c->ws[t].blocks = zalloc(B * (c->kmax / SX_QK) * sizeof(sx_act_block));
+        c->ws[t].scales = zalloc(B * (c->kmax / SX_QK) * 4);
+        c->ws[t].scores = zalloc((size_t)m->max_len * 4);
+        ok = c->ws[t].xn && c->ws[t].blocks && c->ws[t].scales && c->ws[t].scores;
+    }
+    if (!ok) {
+        sx_ctx_free(c);
+        return NULL;
+    }
+    return c;
+}
+
+/* y rows [r0, r1) of W @ act for n rows, then x[i][r] += y[i][r] on the same rows. */
+static void project_add(const sx_ctx *c, const sx_mat *w, int n, const sx_act *act, int t, int nt) {
+    int r0, r1;
+    sx_partition(w->rows, t, nt, &r0, &r1);
+    sx_gemm_rows(w, r0, r1, n, act, c->proj, w->rows, c->nrc);
+    for (int i = 0; i < n; i++) {
+        float *x = c->x + (size_t)i * c->m.hidden, *p = c->proj + (size_t)i * c->m.hidden;
+        for (int r = r0; r < r1; r++) x[r] = x[r] + p[r];
+    }
+}
+
+static void norm_rows(const float *x, const float *w, int n, int d, float eps, float *out) {
+    for (int i = 0; i < n; i++) sx_rmsnorm(x + (size_t)i * d, w, d, eps, out + (size_t)i * d);
+}
+
+/* Step 2 for one (sequence, kv head) item. */
+static void attention_item(const sx_ctx *c, const sx_layer *L, int s, int g, int64_t pos,
+                           float *scores) {
+    const sx_model *m = &c->m;
+    const int d = m->head_dim, group = m->n_heads / m->n_kv_heads;
+    float *row = c->qkv + (size_t)s * (c->q_out + 2 * c->kv_out);
+    float *q = row + (size_t)g * group * d, *k = row + c->q_out + (size_t)g * d;
+    const float *v = row + c->q_out + c->kv_out + (size_t)g * d;
+    const float *cs = m->rope_cos + pos * d, *sn = m->rope_sin + pos * d;
+    for (int j = 0; j < group; j++) {
+        if (L->q_norm) sx_rmsnorm(q + (size_t)j * d, L->q_norm, d, m->eps, q + (size_t)j * d);
+        sx_rope(q + (size_t)j * d, cs, sn, d);
+    }
+    if (L->k_norm) sx_rmsnorm(k, L->k_norm, d, m->eps, k);
+    sx_rope(k, cs, sn, d);
+    const size_t base = ((size_t)s * m->n_kv_heads + g) * m->max_len * d;
+    float *kc = L->k_cache + base, *vc = L->v_cache + base;
+    memcpy(kc + pos * d, k, (size_t)d * 4);
+    memcpy(vc + pos * d, v, (size_t)d * 4);
+    const float scale = (float)(1.0 / sqrt((double)d));
+    sx_attend(q, group, kc, vc, (int)pos + 1, d, scale, scores, c->attn + (size_t)s * c->q_out + (size_t)g * group * d);
+}
+
+int sx_decode(sx_ctx *c, int n, const int64_t *tokens, const int64_t *positions, float *logits) {
+    const sx_model *m = &c->m;
+    if (n < 1 || n > c->max_batch || n > m->n_slots) return -1;
+    for (int i = 0; i < n; i++) {
+        if (positions[i] < 0 || positions[i] >= m->max_len) return -2;
+        if (tokens[i] < 0 || tokens[i] >= m->vocab) return -3;
+        memcpy(c->x + (size_t)i * m->hidden, m->embed + tokens[i] * m->hidden, (size_t)m->hidden * 4);
+    }
+#pragma omp parallel num_threads(c->nt)
+    {
+        const int t = sx_thread_num(), nt = sx_num_threads();
+        sx_scratch *ws = &c->ws[t < c->nt ? t : 0];
+        sx_act act = {NULL, ws->blocks, ws->scales};
+        int r0, r1;
+        for (int l = 0; l < m->n_layers; l++) {
+            const sx_layer *L = &m->layers[l];
+            norm_rows(c->x, L->attn_norm, n, m->hidden, m->eps, ws->xn);
+            sx_act_prepare(&L->qkv, ws->xn, n, &act);
+            sx_partition(L->qkv.rows, t, nt, &r0, &r1);
+            sx_gemm_rows(&L->qkv, r0, r1, n, &act, c->qkv, L->qkv.rows, c->nrc);
+#pragma omp barrier
+            for (int item = t; item < n * m->n_kv_heads; item += nt)
+                attention_item(c, L, item / m->n_kv_heads, item % m->n_kv_heads,
+                               positions[item / m->n_kv_heads], ws->scores);
+#pragma omp barrier
+            sx_act_prepare(&L->o, c->attn, n, &act);
+            project_add(c, &L->o, n, &act, t, nt);
+#pragma omp barrier
+            norm_rows(c->x, L->ffn_norm, n, m->hidden, m->eps, ws->xn);
+            sx_act_prepare(&L->gate_up, ws->xn, n, &act);
+            sx_partition(m->inter, t, nt, &r0, &r1);
+            sx_gemm_rows(&L->gate_up, r0, r1, n, &act, c->gu, 2 * m->inter, c->nrc);
+            sx_gemm_rows(&L->gate_up, m->inter + r0, m->inter + r1, n, &act, c->gu, 2 * m->inter, c->nrc);
+            for (int i = 0; i < n; i++) {
+                const float *gu = c->gu + (size_t)i * 2 * m->inter;
+                sx_silu_mul(gu + r0, gu + m->inter + r0, c->h + (size_t)i * m->inter + r0, r1 - r0);
+            }
+#pragma omp barrier
+            sx_act_prepare(&L->down, c->h, n, &act);
+            project_add(c, &L->down, n, &act, t, nt);
+#pragma omp barrier
+        }
+        norm_rows(c->x, m->final_norm, n, m->hidden, m->eps, ws->xn);
+        sx_act_prepare(&m->lm_head, ws->xn, n, &act);
+        sx_partition(m->vocab, t, nt, &r0, &r1);
+        sx_gemm_rows(&m->lm_head, r0, r1, n, &act, logits, m->vocab, c->nrc);
+    }
+    return 0;
+}
+
+void sx_place_kv(float *k, float *v, int n_layers, int n_slots, int n_kv_heads, int max_len,
+                 int head_dim, int n_threads) {
+    /* Zero the caches with (slot, kv head) region i written by thread i % n_threads: the thread
+     * that attends over it in sx_decode, so first touch puts it on that thread's node. */
+    const size_t per = (size_t)max_len * head_dim, items = (size_t)n_slots * n_kv_heads;
+#pragma omp parallel num_threads(n_threads < 1 ? 1 : n_threads)
+    {
+        const int t = sx_thread_num(), nt = sx_num_threads();
+        for (int l = 0; l < n_layers; l++)
+            for (size_t item = t; item < items; item += nt) {
+                const size_t off = ((size_t)l * items + item) * per;
+                memset(k + off, 0, per * 4);
+                memset(v + off, 0, per * 4);
+            }
+    }
+}

@@ -1,0 +1,29 @@
+/* Internal interface between the GEMM and the fused decode step. */
+#ifndef SX_GEMM_H
+#define SX_GEMM_H
+#include "sx.h"
+
+#define SX_PART 8 /* rows per unit of the thread partition (a multiple of every tile height) */
+
+#ifdef _OPENMP
+#include <omp.h>
+static inline int sx_thread_num(void) { return omp_get_thread_num(); }
+static inline int sx_num_threads(void) { return omp_get_num_threads(); }
+#else
+static inline int sx_thread_num(void) { return 0; }
+static inline int sx_num_threads(void) { return 1; }
+#endif
+
+/* Activations ready for one weight type: floats for F32, 8-bit blocks + scales otherwise. */
+typedef struct {
+    const float *x;
+    sx_act_block *blocks;
+    float *scales;
+} sx_act;
+
+int sx_tile_rows(int nrc, int n);
+void sx_partition(int rows, int t, int nt, int *r0, int *r1);
+void sx_act_prepare(const sx_mat *w, const float *x, int n, sx_act *act);
+/* Rows [r0, r1) of y (row stride ys) for all n activation rows. */
+void sx_gemm_rows(const sx_mat *w, int r0, int r1, int n, const sx_act *act, float *y, int ys, int nrc);
+#endif

@@ -1,0 +1,151 @@
+"""Weight-only quantization by swapping modules (gpt-fast style): nn.Linear -> QuantLinear.
+
+`SYSHAX_QUANTIZE=q8_0|q4_0` turns every projection (q/k/v, o, gate/up, down) and the LM head
+into GGML blocks; embeddings and norms stay float. Weights that a GGUF file already stores in
+the requested block type are taken as they are (no requantization: the blocks equal the file's
+bytes, with llama.cpp's q/k row permutation undone row by row); the rest are quantized from
+float with ggml's reference rounding, so the result equals what llama.cpp's quantizer writes.
+
+Each weight matrix is copied into place by the kernel threads that will read it (sx_place):
+with pinned threads, first touch puts every thread's rows on its own NUMA node.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from . import lib
+
+log = logging.getLogger(__name__)
+
+# Our fused parameter -> the Hugging Face tensors it is made of, in row order.
+_SOURCES = {
+    "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    "self_attn.o_proj": ("self_attn.o_proj",),
+    "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
+    "mlp.down_proj": ("mlp.down_proj",),
+}
+
+
+class QuantLinear(nn.Module):
+    """y = x @ W^T + b with W in GGML blocks (uint8 [out, bytes per row]), by the native GEMM."""
+
+    def __init__(
+        self,
+        qtype: int,
+        blocks: torch.Tensor,
+        in_features: int,
+        out_features: int,
+        bias: torch.Tensor | None,
+        nrc: int = 0,
+    ):
+        super().__init__()
+        self.qtype, self.in_features, self.out_features, self.nrc = (
+            qtype,
+            in_features,
+            out_features,
+            nrc,
+        )
+        self.register_buffer("blocks", blocks, persistent=False)
+        self.register_buffer("bias", bias, persistent=False)
+        self.mat = lib.make_mat(qtype, blocks, out_features, in_features, bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        y = lib.gemm(
+            self.mat, x.reshape(-1, self.in_features).float(), torch.get_num_threads(), self.nrc
+        )
+        return y.view(*lead, self.out_features).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        name = {lib.Q4_0: "q4_0", lib.Q8_0: "q8_0"}[self.qtype]
+        return (
+            f"in={self.in_features}, out={self.out_features}, {name}, bias={self.bias is not None}"
+        )
+
+
+@dataclass
+class QuantizeReport:
+    qtype: str
+    from_file: int = 0  # matrices whose blocks were taken from the GGUF file unchanged
+    quantized: int = 0  # matrices quantized from float here
+    bytes: int = 0  # size of all quantized matrices
+
+
+def placed(
+    qtype: int, blocks: torch.Tensor, rows: int, cols: int, paired: bool, nrc: int
+) -> torch.Tensor:
+    """A copy of `blocks` written by the kernel threads in their GEMM partition (first touch)."""
+    out = torch.empty_like(blocks)
+    src = lib.make_mat(qtype, blocks, rows, cols, None)
+    lib.load().sx_place(ctypes.byref(src), lib.ptr(out), torch.get_num_threads(), nrc, int(paired))
+    return out
+
+
+def _raw_blocks(raw: dict, names: list[str], qtype: int) -> torch.Tensor | None:
+    """The file's blocks for all of `names` stacked by rows, or None if any is missing/other type."""
+    parts = []
+    for name in names:
+        entry = raw.get(name)
+        if entry is None or int(entry[0]) != qtype:
+            return None
+        parts.append(np.asarray(entry[1]))
+    return torch.from_numpy(np.ascontiguousarray(np.concatenate(parts, axis=0)))
+
+
+def _swap(
+    parent: nn.Module,
+    attr: str,
+    qtype: int,
+    hf_names: list[str],
+    raw: dict,
+    nrc: int,
+    report: QuantizeReport,
+) -> None:
+    linear: nn.Linear = getattr(parent, attr)
+    rows, cols = linear.out_features, linear.in_features
+    if cols % lib.BLOCK:
+        raise ValueError(f"{attr}: {cols} input features is not a multiple of {lib.BLOCK}")
+    blocks = _raw_blocks(raw, hf_names, qtype)
+    if blocks is not None and tuple(blocks.shape) == (rows, lib.row_bytes(qtype, cols)):
+        report.from_file += 1
+    else:
+        blocks = lib.quantize(linear.weight.detach(), qtype)
+        report.quantized += 1
+    blocks = placed(qtype, blocks, rows, cols, attr == "gate_up_proj", nrc)
+    bias = None if linear.bias is None else linear.bias.detach().float().contiguous()
+    report.bytes += blocks.numel()
+    setattr(parent, attr, QuantLinear(qtype, blocks, cols, rows, bias, nrc))
+
+
+def quantize_model(
+    model: nn.Module, qtype_name: str, raw: dict | None = None, nrc: int = 0
+) -> QuantizeReport:
+    """Swap the model's projections and LM head for QuantLinear modules (in place)."""
+    if qtype_name not in lib.QTYPES:
+        raise ValueError(
+            f"quantization {qtype_name!r} is not supported; choose one of {', '.join(lib.QTYPES)}"
+        )
+    qtype, raw = lib.QTYPES[qtype_name], raw or {}
+    report = QuantizeReport(qtype_name)
+    for i, layer in enumerate(model.layers):
+        for ours, theirs in _SOURCES.items():
+            module_path, attr = ours.split(".")
+            hf = [f"model.layers.{i}.{t}.weight" for t in theirs]
+            _swap(getattr(layer, module_path), attr, qtype, hf, raw, nrc, report)
+    head = ["model.embed_tokens.weight"] if model.config.tie_word_embeddings else ["lm_head.weight"]
+    _swap(model, "lm_head", qtype, head, raw, nrc, report)
+    log.info(
+        "quantized to %s: %d matrices from the file, %d quantized here, %.1f MiB",
+        qtype_name,
+        report.from_file,
+        report.quantized,
+        report.bytes / 2**20,
+    )
+    return report
