@@ -4,6 +4,11 @@
 FROM python:3.11-slim
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
 WORKDIR /app
+# gcc: the CPU kernels (SYSHAX_QUANTIZE, INFERENCE_OP_MODE=fused) are compiled on first use for
+# the host's CPU and cached in SYSHAX_KERNEL_CACHE (workers/cpu/build.py).
+RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev \
+ && rm -rf /var/lib/apt/lists/*
+ENV SYSHAX_KERNEL_CACHE=/var/cache/syshax/kernels
 COPY pyproject.toml README.md ./
 COPY syshax syshax
 COPY shared shared

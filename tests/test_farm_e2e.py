@@ -28,7 +28,7 @@ MAX_LEN = 512
 
 
 class Farm:
-    def __init__(self, tmp: Path, redis_url: str):
+    def __init__(self, tmp: Path, redis_url: str, cpu_env: dict[str, str] | None = None):
         cfg = Config()
         cfg.redis.url = redis_url
         cfg.conductor.port = free_port()
@@ -75,7 +75,7 @@ class Farm:
                     "1",
                 ]
                 + common,
-                env=env,
+                env={**env, **(cpu_env or {})},
             ),
         }
         self.client = openai.OpenAI(base_url=self.base_url, api_key="unused", timeout=120)

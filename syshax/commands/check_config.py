@@ -46,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
             reader()
         except env.EnvError as exc:
             problems.append(f"environment: {exc}")
+    problems += _cpu_worker_problems(cfg)
     if problems:
         print(f"{len(problems)} problem(s):")
         for problem in problems:
@@ -53,3 +54,16 @@ def run(args: argparse.Namespace) -> int:
         return 1
     print(f"config OK: {path}" + ("" if exists else " (built-in defaults)"))
     return 0
+
+
+def _cpu_worker_problems(cfg) -> list[str]:
+    """CUSTOM_CPU_AFFINITY against the CPU workers' thread count, as `syshax worker` checks it."""
+    from syshax.shared.config import resolve_threads
+    from syshax.workers.cpu.affinity import AffinityError, resolve_affinity
+
+    try:
+        threads = env.omp_num_threads() or resolve_threads(cfg.cpu.threads)
+        resolve_affinity(env.custom_cpu_affinity(), threads)
+    except (env.EnvError, AffinityError) as exc:
+        return [f"environment: {exc}"]
+    return []

@@ -35,7 +35,9 @@ struct sx_ctx {
 };
 
 const char *sx_simd(void) {
-#ifdef SX_AVX2
+#if defined(SX_VNNI)
+    return "avx2+fma+f16c+avx512vnni";
+#elif defined(SX_AVX2)
     return "avx2+fma+f16c";
 #else
     return "portable";

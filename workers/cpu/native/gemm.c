@@ -35,6 +35,7 @@ static inline __attribute__((always_inline)) void tile_q(int type, int R, int C,
     for (int r = 0; r < R; r++)
         for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();
     const __m256i ones = _mm256_set1_epi16(1);
+    (void)ones;
     for (int b = 0; b < nb; b++) {
         for (int r = 0; r < R; r++) {
             __m256i wq, wabs;
@@ -55,12 +56,20 @@ static inline __attribute__((always_inline)) void tile_q(int type, int R, int C,
                 const sx_act_block *ab = a + (size_t)c * nb + b;
                 __m256i aq = _mm256_loadu_si256((const __m256i *)ab->qs);
                 __m256i s;
+#ifdef SX_VNNI
+                /* One instruction for maddubs + madd (+ the Q4_0 correction as its addend). */
+                if (type == SX_Q4_0)
+                    s = _mm256_dpbusd_epi32(_mm256_loadu_si256((const __m256i *)ab->corr), wabs, aq);
+                else
+                    s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), wabs, _mm256_sign_epi8(aq, wq));
+#else
                 if (type == SX_Q4_0) {
                     s = _mm256_madd_epi16(_mm256_maddubs_epi16(wabs, aq), ones);
                     s = _mm256_add_epi32(s, _mm256_loadu_si256((const __m256i *)ab->corr));
                 } else {
                     s = _mm256_madd_epi16(_mm256_maddubs_epi16(wabs, _mm256_sign_epi8(aq, wq)), ones);
                 }
+#endif
                 const __m256 scale = _mm256_mul_ps(vdw, _mm256_broadcast_ss(ad + (size_t)c * nb + b));
                 acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), scale, acc[r][c]);
             }

@@ -10,6 +10,9 @@
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !defined(SX_PORTABLE)
 #define SX_AVX2 1
 #include <immintrin.h>
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define SX_VNNI 1 /* 256-bit VPDPBUSD: the same lanes and integers as maddubs + madd */
+#endif
 #endif
 
 #ifndef __FLT16_MAX__

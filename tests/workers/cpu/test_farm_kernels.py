@@ -1,0 +1,73 @@
+"""The farm with a kernel-accelerated CPU decode worker (SYSHAX_QUANTIZE=q4_0,
+INFERENCE_OP_MODE=fused): the xPU worker prefills in float32, the KV moves, the CPU worker
+decodes with Q4_0 weights in the fused step. The stream must be exactly what the same handoff
+gives in-process: float32 prefill's first token, then the fused Q4_0 engine's tokens."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+from syshax.shared.sampling import SamplingParams
+from syshax.workers.engine.engine import Engine
+
+from ...test_farm_e2e import MAX_LEN, MESSAGES, MODEL, Farm
+
+N = 20
+
+
+@pytest.fixture(scope="module")
+def kernel_farm(tmp_path_factory, redis_server):
+    redis.Redis.from_url(redis_server.url).flushall()
+    env = {"SYSHAX_QUANTIZE": "q4_0", "INFERENCE_OP_MODE": "fused"}
+    f = Farm(tmp_path_factory.mktemp("kfarm"), redis_server.url, cpu_env=env)
+    try:
+        f.wait_healthy()
+        yield f
+    finally:
+        f.stop()
+
+
+def _handoff_reference() -> tuple[str, list[int]]:
+    params = SamplingParams(max_tokens=N, temperature=0.0)
+    xpu = Engine(None, max_model_len=MAX_LEN, max_num_seqs=1, progress=False)
+    cpu = Engine(
+        None,
+        max_model_len=MAX_LEN,
+        max_num_seqs=1,
+        progress=False,
+        quantize="q4_0",
+        op_mode="fused",
+    )
+    ids = xpu.tokenizer.encode_chat(MESSAGES)
+    xpu.add_request("r", ids, params)
+    (first,) = xpu.step()
+    blob = xpu.export_kv("r")
+    cpu.import_kv("r", blob, ids, [first.token_id], params)
+    outs = [first]
+    while not outs[-1].finished:
+        outs += cpu.step()
+    return "".join(o.text for o in outs), [o.token_id for o in outs]
+
+
+def test_quantized_fused_cpu_decode_in_the_farm(kernel_farm):
+    text, ids = _handoff_reference()
+    stream = kernel_farm.client.chat.completions.create(
+        model=MODEL,
+        messages=MESSAGES,
+        max_tokens=N,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    got, usage, rid = "", None, None
+    for chunk in stream:
+        rid = chunk.id
+        if chunk.choices:
+            got += chunk.choices[0].delta.content or ""
+        if chunk.usage:
+            usage = chunk.usage
+    assert got == text
+    assert usage is not None and usage.completion_tokens == len(ids)
+    evs = kernel_farm.events(rid)
+    assert [e.seq for e in evs] == list(range(len(ids)))
+    assert evs[0].worker == "xpu" and {e.worker for e in evs[1:]} == {"cpu"}
