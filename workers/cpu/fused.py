@@ -48,6 +48,8 @@ class FusedDecoder:
         c = model.config
         if cache.k.dtype != torch.float32 or cache.k.device.type != "cpu":
             raise FusedError("fused mode runs on the CPU with a float32 KV cache (--dtype float32)")
+        if c.head_dim % 8:
+            raise FusedError(f"fused mode needs head_dim to be a multiple of 8, got {c.head_dim}")
         for name, size in (
             ("hidden_size", c.hidden_size),
             ("intermediate_size", c.intermediate_size),
@@ -62,7 +64,7 @@ class FusedDecoder:
         self.vocab = c.vocab_size
         keep: list = [cache.k, cache.v]
         shape = cache.k.shape  # [layers, slots, kv_heads, max_len, head_dim]
-        self._lib.sx_place_kv(lib.ptr(cache.k), lib.ptr(cache.v), *shape, self.threads)
+        self._lib.sx_place_kv(lib.ptr(cache.k), lib.ptr(cache.v), *shape, c.num_heads, self.threads)
 
         def f32(t: torch.Tensor | None) -> int | None:
             if t is None:

@@ -18,7 +18,7 @@ F32, Q4_0, Q8_0 = 0, 2, 8
 QTYPES = {"q4_0": Q4_0, "q8_0": Q8_0}
 BLOCK = 32
 BLOCK_BYTES = {Q4_0: 18, Q8_0: 34}
-ACT_BLOCK_BYTES = 64  # sx_act_block
+ACT_BLOCK_BYTES = 64  # sx_act_block: 32 signed quants + the same as unsigned
 
 
 class SxMat(ctypes.Structure):
@@ -73,11 +73,13 @@ _SIGNATURES = {
     "sx_max_threads": (c_int, []),
     "sx_quantize": (None, [c_int, c_void_p, c_int64, c_void_p]),
     "sx_dequantize": (None, [c_int, c_void_p, c_int64, c_void_p]),
-    "sx_quantize_act": (None, [c_void_p, c_int, c_int, c_void_p, c_void_p]),
+    "sx_quantize_act": (None, [c_void_p, c_int, c_int, c_void_p, c_void_p, c_void_p]),
+    "sx_packed_bytes": (ctypes.c_size_t, [c_int, c_int, c_int]),
+    "sx_pack": (None, [c_int, c_void_p, c_int, c_int, c_void_p, c_int, c_int]),
+    "sx_unpack": (None, [c_int, c_void_p, c_int, c_int, c_void_p]),
     "sx_gemm": (None, [POINTER(SxMat), c_int, c_void_p, c_void_p, c_int, c_int]),
-    "sx_place": (None, [POINTER(SxMat), c_void_p, c_int, c_int, c_int]),
     "sx_pin_threads": (c_int, [POINTER(c_int), c_int]),
-    "sx_place_kv": (None, [c_void_p, c_void_p, c_int, c_int, c_int, c_int, c_int, c_int]),
+    "sx_place_kv": (None, [c_void_p, c_void_p, c_int, c_int, c_int, c_int, c_int, c_int, c_int]),
     "sx_ctx_new": (c_void_p, [POINTER(SxModel), c_int, c_int, c_int]),
     "sx_ctx_free": (None, [c_void_p]),
     "sx_decode": (c_int, [c_void_p, c_int, c_void_p, c_void_p, c_void_p]),
@@ -128,24 +130,58 @@ def dequantize(
     return out
 
 
-def quantize_act(x: torch.Tensor, variant: str = "native") -> tuple[torch.Tensor, torch.Tensor]:
-    """Float [n, k] -> (int8 quants [n, k], float scales [n, k/32]) as the GEMM sees them."""
+def quantize_act(
+    x: torch.Tensor, variant: str = "native"
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Float [n, k] -> (int8 quants [n, k], float scales [n, k/32], int32 block sums [n, k/32])
+    as the GEMM sees them."""
     x = x.to(torch.float32).contiguous()
     n, k = x.shape
     blocks = torch.empty((n, k // BLOCK, ACT_BLOCK_BYTES), dtype=torch.uint8)
     scales = torch.empty((n, k // BLOCK), dtype=torch.float32)
-    load(variant).sx_quantize_act(ptr(x), n, k, ptr(blocks), ptr(scales))
-    qs = blocks[:, :, :BLOCK].contiguous().view(torch.int8).reshape(n, k)
-    return qs, scales
+    sums = torch.empty((n, k // BLOCK), dtype=torch.int32)
+    load(variant).sx_quantize_act(ptr(x), n, k, ptr(blocks), ptr(scales), ptr(sums))
+    signed, unsigned = blocks[..., :BLOCK], blocks[..., BLOCK:]
+    if not torch.equal(unsigned, signed ^ 0x80):  # the two copies the kernels read must agree
+        raise AssertionError("activation blocks: unsigned copy differs from signed + 128")
+    return signed.contiguous().view(torch.int8).reshape(n, k), scales, sums
+
+
+def pack(
+    blocks: torch.Tensor, qtype: int, rows: int, cols: int, threads: int = 1, paired: bool = False,
+    variant: str = "native",
+) -> torch.Tensor:  # fmt: skip
+    """GGML row-major blocks -> the kernels' tiles of 8 rows (sx.h), written by the threads
+    that will compute them (first touch: NUMA placement)."""
+    lib = load(variant)
+    out = torch.empty(lib.sx_packed_bytes(qtype, rows, cols), dtype=torch.uint8)
+    lib.sx_pack(qtype, ptr(blocks.contiguous()), rows, cols, ptr(out), threads, int(paired))
+    return out
+
+
+def unpack(packed: torch.Tensor, qtype: int, rows: int, cols: int) -> torch.Tensor:
+    """The kernels' tiles -> GGML row-major blocks (uint8 [rows, bytes per row])."""
+    out = torch.empty((rows, row_bytes(qtype, cols)), dtype=torch.uint8)
+    load().sx_unpack(qtype, ptr(packed), rows, cols, ptr(out))
+    return out
 
 
 def make_mat(
     qtype: int, data: torch.Tensor, rows: int, cols: int, bias: torch.Tensor | None
 ) -> SxMat:
-    """A matrix descriptor; it holds references to `data` and `bias` so they outlive it."""
+    """A matrix descriptor (`data`: float32 rows for F32, packed tiles for Q4_0/Q8_0); it holds
+    references to `data` and `bias` so they outlive it."""
     mat = SxMat(qtype, rows, cols, 0, ptr(data), ptr(bias))
     mat._keep = (data, bias)  # the struct stores raw pointers: keep the memory alive
     return mat
+
+
+def quant_mat(
+    qtype: int, blocks: torch.Tensor, rows: int, cols: int, bias: torch.Tensor | None = None,
+    variant: str = "native",
+) -> SxMat:  # fmt: skip
+    """A matrix descriptor from GGML row-major blocks (packed here)."""
+    return make_mat(qtype, pack(blocks, qtype, rows, cols, variant=variant), rows, cols, bias)
 
 
 def gemm(

@@ -6,13 +6,13 @@ the requested block type are taken as they are (no requantization: the blocks eq
 bytes, with llama.cpp's q/k row permutation undone row by row); the rest are quantized from
 float with ggml's reference rounding, so the result equals what llama.cpp's quantizer writes.
 
-Each weight matrix is copied into place by the kernel threads that will read it (sx_place):
-with pinned threads, first touch puts every thread's rows on its own NUMA node.
+Each weight matrix is repacked into the kernels' tiles of 8 rows by the kernel threads that
+will read them (sx_pack): with pinned threads, first touch puts every thread's rows on its own
+NUMA node.
 """
 
 from __future__ import annotations
 
-import ctypes
 import logging
 from dataclasses import dataclass
 
@@ -34,7 +34,9 @@ _SOURCES = {
 
 
 class QuantLinear(nn.Module):
-    """y = x @ W^T + b with W in GGML blocks (uint8 [out, bytes per row]), by the native GEMM."""
+    """y = x @ W^T + b with W in GGML blocks packed in tiles of 8 rows, by the native GEMM.
+
+    `blocks` is the packed buffer (`lib.unpack` gives the GGML row-major blocks back)."""
 
     def __init__(
         self,
@@ -78,16 +80,6 @@ class QuantizeReport:
     bytes: int = 0  # size of all quantized matrices
 
 
-def placed(
-    qtype: int, blocks: torch.Tensor, rows: int, cols: int, paired: bool, nrc: int
-) -> torch.Tensor:
-    """A copy of `blocks` written by the kernel threads in their GEMM partition (first touch)."""
-    out = torch.empty_like(blocks)
-    src = lib.make_mat(qtype, blocks, rows, cols, None)
-    lib.load().sx_place(ctypes.byref(src), lib.ptr(out), torch.get_num_threads(), nrc, int(paired))
-    return out
-
-
 def _raw_blocks(raw: dict, names: list[str], qtype: int) -> torch.Tensor | None:
     """The file's blocks for all of `names` stacked by rows, or None if any is missing/other type."""
     parts = []
@@ -118,10 +110,11 @@ def _swap(
     else:
         blocks = lib.quantize(linear.weight.detach(), qtype)
         report.quantized += 1
-    blocks = placed(qtype, blocks, rows, cols, attr == "gate_up_proj", nrc)
+    threads = torch.get_num_threads()
+    packed = lib.pack(blocks, qtype, rows, cols, threads, paired=attr == "gate_up_proj")
     bias = None if linear.bias is None else linear.bias.detach().float().contiguous()
-    report.bytes += blocks.numel()
-    setattr(parent, attr, QuantLinear(qtype, blocks, cols, rows, bias, nrc))
+    report.bytes += packed.numel()
+    setattr(parent, attr, QuantLinear(qtype, packed, cols, rows, bias, nrc))
 
 
 def quantize_model(

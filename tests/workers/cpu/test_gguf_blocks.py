@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
 from syshax.shared.sampling import SamplingParams
+from syshax.workers.cpu import lib
 from syshax.workers.cpu.quantized import QuantLinear, quantize_model
 from syshax.workers.engine.engine import Engine
-from syshax.workers.engine.gguf_rope import permute_qk
+from syshax.workers.engine.gguf_rope import permute_qk, unpermute_qk
 from syshax.workers.engine.loader import load_model
 
 from ..engine.test_gguf_weights import META, N_HEAD, N_KV, _layer, _write
@@ -63,16 +64,14 @@ def test_file_blocks_are_used_bit_exactly(tmp_path, name, qtype):
     }
     for module, blocks in expected.items():
         assert isinstance(module, QuantLinear)
-        assert np.array_equal(module.blocks.numpy(), blocks)
+        rows, cols = module.out_features, module.in_features
+        assert np.array_equal(lib.unpack(module.blocks, module.qtype, rows, cols).numpy(), blocks)
     # ...and those are the bytes in the file, the q rows un-permuted.
     (q_file,) = [t for t in gguf.GGUFReader(path).tensors if t.name == "blk.0.attn_q.weight"]
     q_rows = N_HEAD * 8
-    from syshax.workers.engine.gguf_rope import unpermute_qk
-
-    assert np.array_equal(
-        layer.self_attn.qkv_proj.blocks.numpy()[:q_rows],
-        unpermute_qk(np.asarray(q_file.data), N_HEAD),
-    )
+    qkv = layer.self_attn.qkv_proj
+    ours = lib.unpack(qkv.blocks, qkv.qtype, qkv.out_features, qkv.in_features).numpy()
+    assert np.array_equal(ours[:q_rows], unpermute_qk(np.asarray(q_file.data), N_HEAD))
 
 
 def test_other_block_types_are_requantized_from_float(tmp_path):

@@ -4,8 +4,6 @@ same quantized values, and against the float product within each format's stated
 
 from __future__ import annotations
 
-import ctypes
-
 import gguf
 import numpy as np
 import pytest
@@ -38,19 +36,27 @@ def test_weight_quantization_is_bit_exact_with_gguf(ours, theirs):
 def test_activation_quantization_matches_torch_reference():
     x = torch.randn(7, 128) * 3
     x[0, :32] = 0.0
-    qs, scales = lib.quantize_act(x)
+    qs, scales, sums = lib.quantize_act(x)
     blocks = x.view(7, 4, 32)
     d = blocks.abs().amax(-1) / 127
     inv = torch.where(d == 0, torch.zeros_like(d), 1.0 / d)
     ref = torch.round(blocks * inv[..., None])  # round half to even, like the kernels
     assert torch.equal(scales, d)
     assert torch.equal(qs.view(7, 4, 32).float(), ref)
+    assert torch.equal(sums, ref.sum(-1).to(torch.int32))
+
+
+def _mat(qtype: int, w: torch.Tensor) -> lib.SxMat:
+    rows, cols = w.shape
+    if qtype == lib.F32:
+        return lib.make_mat(qtype, w.contiguous(), rows, cols, None)
+    return lib.quant_mat(qtype, lib.quantize(w, qtype), rows, cols)
 
 
 def _reference(mat_type: int, blocks: torch.Tensor, x: torch.Tensor, cols: int) -> torch.Tensor:
     """Exact (float64) product of the dequantized weights and the dequantized activations."""
     w = lib.dequantize(blocks, mat_type, cols).double()
-    qs, scales = lib.quantize_act(x)
+    qs, scales, _ = lib.quantize_act(x)
     xq = (qs.double().view(x.shape[0], -1, 32) * scales.double()[..., None]).view(x.shape)
     return xq @ w.T
 
@@ -64,7 +70,7 @@ def test_quantized_gemm_equals_integer_arithmetic(ours, theirs, n):
     w = _weights(rows, cols, seed=n)
     blocks = lib.quantize(w, ours)
     bias = torch.randn(rows)
-    mat = lib.make_mat(ours, blocks, rows, cols, bias)
+    mat = lib.quant_mat(ours, blocks, rows, cols, bias)
     x = torch.randn(n, cols)
     y = lib.gemm(mat, x, threads=2)
     exact = _reference(ours, blocks, x, cols) + bias.double()
@@ -80,7 +86,7 @@ def test_quantized_gemm_error_against_float_is_within_format_bound(ours, theirs)
     rows, cols, n = 32, 256, 5
     w = torch.randn(rows, cols)
     x = torch.randn(n, cols)
-    mat = lib.make_mat(ours, lib.quantize(w, ours), rows, cols, None)
+    mat = lib.quant_mat(ours, lib.quantize(w, ours), rows, cols)
     y = lib.gemm(mat, x, threads=2)
     steps = 127 if ours == lib.Q8_0 else 8
     dw = (w.view(rows, -1, 32).abs().amax(-1) / steps / 2).repeat_interleave(32, 1)
@@ -101,11 +107,10 @@ def test_f32_gemm_equals_torch():
 def test_results_do_not_depend_on_batch_tile_or_threads(qtype):
     rows, cols = 37, 160  # rows not a multiple of any tile: remainder tiles run too
     w = torch.randn(rows, cols)
-    data = w if qtype == lib.F32 else lib.quantize(w, qtype)
-    mat = lib.make_mat(qtype, data, rows, cols, None)
+    mat = _mat(qtype, w)
     x = torch.randn(9, cols)
     base = lib.gemm(mat, x, threads=1)
-    for nrc in (1, 2, 4, 8):
+    for nrc in (1, 2, 4, 8):  # weight rows per tile for F32, activation rows for Q4_0/Q8_0
         assert torch.equal(lib.gemm(mat, x, threads=2, nrc=nrc), base)
     singles = torch.cat([lib.gemm(mat, x[i : i + 1], threads=2) for i in range(9)])
     assert torch.equal(singles, base)
@@ -115,23 +120,24 @@ def test_results_do_not_depend_on_batch_tile_or_threads(qtype):
 def test_portable_build_computes_the_same_bits(qtype):
     """The scalar fallback (what a machine without AVX2 runs) mirrors the SIMD lanes."""
     w = torch.randn(20, 128)
-    data = w if qtype == lib.F32 else lib.quantize(w, qtype)
-    mat = lib.make_mat(qtype, data, 20, 128, None)
+    mat = _mat(qtype, w)
     x = torch.randn(5, 128)
     assert torch.equal(lib.gemm(mat, x, threads=1, variant="portable"), lib.gemm(mat, x, threads=1))
-    qs, sc = lib.quantize_act(x, variant="portable")
-    qs2, sc2 = lib.quantize_act(x)
-    assert torch.equal(qs, qs2) and torch.equal(sc, sc2)
+    portable, native = lib.quantize_act(x, variant="portable"), lib.quantize_act(x)
+    for ours, theirs in zip(portable, native, strict=True):
+        assert torch.equal(ours, theirs)
 
 
-def test_place_copies_every_row():
-    w = torch.randn(50, 64)
-    blocks = lib.quantize(w, lib.Q4_0)
-    for paired in (0, 1):
-        out = torch.zeros_like(blocks)
-        src = lib.make_mat(lib.Q4_0, blocks, 50, 64, None)
-        lib.load().sx_place(ctypes.byref(src), lib.ptr(out), 2, 0, paired)
-        assert torch.equal(out, blocks)
+@pytest.mark.parametrize("qtype", [lib.Q8_0, lib.Q4_0])
+@pytest.mark.parametrize("rows", [8, 13, 50])
+def test_pack_round_trips(qtype, rows):
+    """Packing into tiles of 8 rows (padded) and back gives the GGML blocks again, whatever
+    the thread split (paired = gate_up's split in two halves)."""
+    blocks = lib.quantize(torch.randn(rows, 64), qtype)
+    for threads, paired in ((1, False), (2, False), (2, rows % 16 == 0)):
+        packed = lib.pack(blocks, qtype, rows, 64, threads, paired)
+        assert packed.numel() == -(-rows // 8) * 8 * lib.row_bytes(qtype, 64)
+        assert torch.equal(lib.unpack(packed, qtype, rows, 64), blocks)
 
 
 def test_rmsnorm_and_softmax_match_torch():

@@ -24,7 +24,8 @@ typedef struct {
     float *xn;              /* [B, kmax] normalised activations */
     sx_act_block *blocks;   /* [B, kmax / 32] */
     float *scales;          /* [B, kmax / 32] */
-    float *scores;          /* [max_len] */
+    int32_t *sums;          /* [B, kmax / 32] */
+    float *scores;          /* [max_len + head_dim]: attention scores, then the rotated key */
 } sx_scratch;
 
 struct sx_ctx {
@@ -39,6 +40,8 @@ const char *sx_simd(void) {
     return "avx2+fma+f16c+avx512vnni";
 #elif defined(SX_AVX2)
     return "avx2+fma+f16c";
+#elif defined(SX_NEON)
+    return "neon+dotprod";
 #else
     return "portable";
 #endif
@@ -80,6 +83,7 @@ void sx_ctx_free(sx_ctx *c) {
             free(c->ws[t].xn);
             free(c->ws[t].blocks);
             free(c->ws[t].scales);
+            free(c->ws[t].sums);
             free(c->ws[t].scores);
         }
     free(c->ws);
@@ -116,8 +120,9 @@ sx_ctx *sx_ctx_new(const sx_model *m, int max_batch, int n_threads, int nrc) {
         c->ws[t].xn = zalloc(B * c->kmax * 4);
         c->ws[t].blocks = zalloc(B * (c->kmax / SX_QK) * sizeof(sx_act_block));
         c->ws[t].scales = zalloc(B * (c->kmax / SX_QK) * 4);
-        c->ws[t].scores = zalloc((size_t)m->max_len * 4);
-        ok = c->ws[t].xn && c->ws[t].blocks && c->ws[t].scales && c->ws[t].scores;
+        c->ws[t].sums = zalloc(B * (c->kmax / SX_QK) * 4);
+        c->ws[t].scores = zalloc(((size_t)m->max_len + m->head_dim) * 4);
+        ok = c->ws[t].xn && c->ws[t].blocks && c->ws[t].scales && c->ws[t].sums && c->ws[t].scores;
     }
     if (!ok) {
         sx_ctx_free(c);
@@ -141,27 +146,35 @@ static void norm_rows(const float *x, const float *w, int n, int d, float eps, f
     for (int i = 0; i < n; i++) sx_rmsnorm(x + (size_t)i * d, w, d, eps, out + (size_t)i * d);
 }
 
-/* Step 2 for one (sequence, kv head) item. */
-static void attention_item(const sx_ctx *c, const sx_layer *L, int s, int g, int64_t pos,
-                           float *scores) {
+/* Step 2: attention of query heads [h0, h1) of sequence s, all of one KV head g. Each item
+ * rotates its KV head's new key itself (64 multiplies) and attends over the cache's [0, pos)
+ * plus the new key and value held locally; only the item holding the group's first head
+ * writes them into the cache at pos. So no item reads what another writes in this phase.
+ * Items are whole groups (each key and value read once per step: attention is memory-bound
+ * at large batch) unless that leaves threads idle (batch 1), then single heads. */
+static void attention_item(const sx_ctx *c, const sx_layer *L, int s, int h0, int h1, int64_t pos,
+                           float *scratch) {
     const sx_model *m = &c->m;
-    const int d = m->head_dim, group = m->n_heads / m->n_kv_heads;
-    float *row = c->qkv + (size_t)s * (c->q_out + 2 * c->kv_out);
-    float *q = row + (size_t)g * group * d, *k = row + c->q_out + (size_t)g * d;
+    const int d = m->head_dim, group = m->n_heads / m->n_kv_heads, g = h0 / group;
+    float *row = c->qkv + (size_t)s * (c->q_out + 2 * c->kv_out), *k = scratch + m->max_len;
     const float *v = row + c->q_out + c->kv_out + (size_t)g * d;
     const float *cs = m->rope_cos + pos * d, *sn = m->rope_sin + pos * d;
-    for (int j = 0; j < group; j++) {
-        if (L->q_norm) sx_rmsnorm(q + (size_t)j * d, L->q_norm, d, m->eps, q + (size_t)j * d);
-        sx_rope(q + (size_t)j * d, cs, sn, d);
-    }
+    memcpy(k, row + c->q_out + (size_t)g * d, (size_t)d * 4);
     if (L->k_norm) sx_rmsnorm(k, L->k_norm, d, m->eps, k);
     sx_rope(k, cs, sn, d);
     const size_t base = ((size_t)s * m->n_kv_heads + g) * m->max_len * d;
     float *kc = L->k_cache + base, *vc = L->v_cache + base;
-    memcpy(kc + pos * d, k, (size_t)d * 4);
-    memcpy(vc + pos * d, v, (size_t)d * 4);
+    if (h0 % group == 0) {
+        memcpy(kc + pos * d, k, (size_t)d * 4);
+        memcpy(vc + pos * d, v, (size_t)d * 4);
+    }
     const float scale = (float)(1.0 / sqrt((double)d));
-    sx_attend(q, group, kc, vc, (int)pos + 1, d, scale, scores, c->attn + (size_t)s * c->q_out + (size_t)g * group * d);
+    for (int h = h0; h < h1; h++) {
+        float *q = row + (size_t)h * d;
+        if (L->q_norm) sx_rmsnorm(q, L->q_norm, d, m->eps, q);
+        sx_rope(q, cs, sn, d);
+        sx_attend(q, kc, vc, (int)pos, k, v, d, scale, scratch, c->attn + (size_t)s * c->q_out + (size_t)h * d);
+    }
 }
 
 int sx_decode(sx_ctx *c, int n, const int64_t *tokens, const int64_t *positions, float *logits) {
@@ -176,7 +189,7 @@ int sx_decode(sx_ctx *c, int n, const int64_t *tokens, const int64_t *positions,
     {
         const int t = sx_thread_num(), nt = sx_num_threads();
         sx_scratch *ws = &c->ws[t < c->nt ? t : 0];
-        sx_act act = {NULL, ws->blocks, ws->scales};
+        sx_act act = {NULL, ws->blocks, ws->scales, ws->sums};
         int r0, r1;
         for (int l = 0; l < m->n_layers; l++) {
             const sx_layer *L = &m->layers[l];
@@ -185,9 +198,12 @@ int sx_decode(sx_ctx *c, int n, const int64_t *tokens, const int64_t *positions,
             sx_partition(L->qkv.rows, t, nt, &r0, &r1);
             sx_gemm_rows(&L->qkv, r0, r1, n, &act, c->qkv, L->qkv.rows, c->nrc);
 #pragma omp barrier
-            for (int item = t; item < n * m->n_kv_heads; item += nt)
-                attention_item(c, L, item / m->n_kv_heads, item % m->n_kv_heads,
-                               positions[item / m->n_kv_heads], ws->scores);
+            const int per = n * m->n_kv_heads >= 2 * nt ? m->n_heads / m->n_kv_heads : 1;
+            const int items_per_seq = m->n_heads / per;
+            for (int item = t; item < n * items_per_seq; item += nt) {
+                const int s = item / items_per_seq, h0 = (item % items_per_seq) * per;
+                attention_item(c, L, s, h0, h0 + per, positions[s], ws->scores);
+            }
 #pragma omp barrier
             sx_act_prepare(&L->o, c->attn, n, &act);
             project_add(c, &L->o, n, &act, t, nt);
@@ -215,15 +231,18 @@ int sx_decode(sx_ctx *c, int n, const int64_t *tokens, const int64_t *positions,
 }
 
 void sx_place_kv(float *k, float *v, int n_layers, int n_slots, int n_kv_heads, int max_len,
-                 int head_dim, int n_threads) {
-    /* Zero the caches with (slot, kv head) region i written by thread i % n_threads: the thread
-     * that attends over it in sx_decode, so first touch puts it on that thread's node. */
+                 int head_dim, int n_heads, int n_threads) {
+    /* Zero the caches with each (slot, kv head) region written by the thread that writes it in
+     * sx_decode at batch >= 2 (items are whole groups there: item s * n_kv_heads + g), so first
+     * touch puts it on that thread's node. */
     const size_t per = (size_t)max_len * head_dim, items = (size_t)n_slots * n_kv_heads;
+    (void)n_heads;
 #pragma omp parallel num_threads(n_threads < 1 ? 1 : n_threads)
     {
         const int t = sx_thread_num(), nt = sx_num_threads();
         for (int l = 0; l < n_layers; l++)
-            for (size_t item = t; item < items; item += nt) {
+            for (size_t item = 0; item < items; item++) {
+                if ((int)(item % nt) != t) continue;
                 const size_t off = ((size_t)l * items + item) * per;
                 memset(k + off, 0, per * 4);
                 memset(v + off, 0, per * 4);

@@ -1,15 +1,20 @@
 /* Small-batch GEMM y[n, rows] = x[n, cols] @ W^T for F32, Q8_0 and Q4_0 weights.
  *
- * Quantized weights meet 8-bit activations in integer dot products, as fast CPU engines do:
- * per 32-weight block, maddubs + madd give 8 int32 lanes, which are scaled by
- * d_weight * d_activation and accumulated in float. Q4_0 nibbles (0..15) are used unsigned
- * (maddubs wants one unsigned operand) and the -8 zero point is added back per lane from the
- * activation block's precomputed correction, so no sign trick is needed for them.
+ * Quantized weights meet 8-bit activations in integer dot products, as fast CPU engines do.
+ * The weights are packed in tiles of 8 rows (sx.h): a 256-bit chunk holds the same 4 quants of
+ * all 8 rows, so one VPDPBUSD (maddubs + madd on plain AVX2) against a broadcast group of 4
+ * activations adds 4 products to each row's sum; 8 of them give the 8 rows' exact block sums
+ * in one vector, already in row order, which is scaled by the 8 rows' weight scales times the
+ * activation scale in ONE fused multiply-add: no per-row float work, no horizontal sums.
  *
- * A tile computes R weight rows x C activation rows; each weight block is unpacked once per
- * tile and reused for C columns. Every (row, column) accumulates its blocks in the same order
- * whatever the tile shape, so results do not depend on the batch size or the thread count.
- * Rows are split between threads in groups of SX_PART rows (any R divides it). */
+ * Zero points: Q4_0 nibbles (0..15) are used unsigned and -8 * sum(activations) is added to
+ * the block sum; Q8_0 weights are signed, so with VNNI the activations are made unsigned
+ * (+128) and 128 * sum(weights) is subtracted (computed once per tile-block, reused for every
+ * activation row); plain AVX2 uses the sign trick instead. Either way the integers are exact.
+ *
+ * Every output accumulates its blocks in the same order whatever the batch size, the tile
+ * width or the thread count, so no sequence's logits depend on what else is in the batch. The
+ * scalar build does the same integer sums and fused multiply-adds, one row at a time. */
 #include "gemm.h"
 
 #include <stdlib.h>
@@ -19,98 +24,162 @@
 #define MAXR 8
 #define MAXC 4
 
+/* ---- quantized tiles ------------------------------------------------------------------- */
+
 #ifdef SX_AVX2
-static inline __m256i unpack_q4(const uint8_t *qs) {
-    const __m128i t = _mm_loadu_si128((const __m128i *)qs);
-    const __m256i v = _mm256_set_m128i(_mm_srli_epi16(t, 4), t);
-    return _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
+/* acc + per int32 lane the sum of 4 u8 x s8 products. */
+static inline __m256i dot_us(__m256i acc, __m256i u, __m256i s) {
+#ifdef SX_VNNI
+    return _mm256_dpbusd_epi32(acc, u, s);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+#endif
+}
+
+static inline __m256i bcast4(const void *p) { /* 4 bytes into every int32 lane */
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+
+static inline __attribute__((always_inline)) void tile_q(int type, int C, const uint8_t *w, int nb,
+                                                          const sx_act_block *a, const float *ad,
+                                                          const int32_t *as, float *out) {
+    const size_t tb = type == SX_Q4_0 ? SX_Q4_TILE_BYTES : SX_Q8_TILE_BYTES;
+    __m256 acc[MAXC];
+    for (int c = 0; c < C; c++) acc[c] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++, w += tb) {
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)w));
+        __m256i wq[8];
+        __m256i base = _mm256_setzero_si256(); /* Q8_0: -128 * sum of each row's weights */
+        if (type == SX_Q4_0) {
+            for (int k = 0; k < 4; k++) {
+                const __m256i raw = _mm256_loadu_si256((const __m256i *)(w + 16 + 32 * k));
+                wq[k] = _mm256_and_si256(raw, _mm256_set1_epi8(0x0F));                         /* quants 4k.. */
+                wq[k + 4] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), _mm256_set1_epi8(0x0F)); /* 16+4k.. */
+            }
+        } else {
+            for (int j = 0; j < 8; j++) wq[j] = _mm256_loadu_si256((const __m256i *)(w + 16 + 32 * j));
+#ifdef SX_VNNI
+            __m256i ws = _mm256_setzero_si256();
+            for (int j = 0; j < 8; j++) ws = dot_us(ws, _mm256_set1_epi8(1), wq[j]);
+            base = _mm256_sub_epi32(base, _mm256_slli_epi32(ws, 7));
+#endif
+        }
+        for (int c = 0; c < C; c++) {
+            const sx_act_block *ab = a + (size_t)c * nb + b;
+            __m256i s0, s1 = _mm256_setzero_si256();
+            if (type == SX_Q4_0) {
+                s0 = _mm256_set1_epi32(-8 * as[(size_t)c * nb + b]); /* the zero point */
+                for (int k = 0; k < 4; k++) {
+                    s0 = dot_us(s0, wq[k], bcast4(ab->qs + 4 * k));
+                    s1 = dot_us(s1, wq[k + 4], bcast4(ab->qs + 16 + 4 * k));
+                }
+            } else {
+                s0 = base;
+                for (int j = 0; j < 8; j += 2) {
+#ifdef SX_VNNI
+                    s0 = dot_us(s0, bcast4(ab->qu + 4 * j), wq[j]);
+                    s1 = dot_us(s1, bcast4(ab->qu + 4 * j + 4), wq[j + 1]);
+#else
+                    const __m256i a0 = bcast4(ab->qs + 4 * j), a1 = bcast4(ab->qs + 4 * j + 4);
+                    s0 = dot_us(s0, _mm256_sign_epi8(wq[j], wq[j]), _mm256_sign_epi8(a0, wq[j]));
+                    s1 = dot_us(s1, _mm256_sign_epi8(wq[j + 1], wq[j + 1]), _mm256_sign_epi8(a1, wq[j + 1]));
+#endif
+                }
+            }
+            const __m256i s = _mm256_add_epi32(s0, s1); /* lane r: row r's exact block sum */
+            const __m256 scale = _mm256_mul_ps(dw, _mm256_broadcast_ss(ad + (size_t)c * nb + b));
+            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), scale, acc[c]);
+        }
+    }
+    for (int c = 0; c < C; c++) _mm256_storeu_ps(out + 8 * c, acc[c]);
+}
+#else
+/* Scalar build (and aarch64, whose sdot does the 32-quant integer dot): the same integer block
+ * sums and fused multiply-adds as above, one row at a time. */
+
+/* One row of a tile-block as 32 signed quants (Q4_0 zero point removed); returns its scale. */
+static inline float unpack_row(int type, const uint8_t *w, int r, int8_t *v) {
+    const float d = sx_h2f(((const uint16_t *)w)[r]);
+    for (int i = 0; i < (type == SX_Q4_0 ? SX_QK / 2 : SX_QK); i++) {
+        const uint8_t q = w[16 + 32 * (i / 4) + 4 * r + i % 4];
+        if (type == SX_Q4_0) {
+            v[i] = (int8_t)((q & 0x0F) - 8);
+            v[i + 16] = (int8_t)((q >> 4) - 8);
+        } else {
+            v[i] = (int8_t)q;
+        }
+    }
+    return d;
+}
+
+static inline int dot32(const int8_t *w, const int8_t *a) {
+#ifdef SX_NEON
+    const int32x4_t z = vdupq_n_s32(0);
+    return vaddvq_s32(vdotq_s32(vdotq_s32(z, vld1q_s8(w), vld1q_s8(a)), vld1q_s8(w + 16), vld1q_s8(a + 16)));
+#else
+    int s = 0;
+    for (int i = 0; i < SX_QK; i++) s += w[i] * a[i];
+    return s;
+#endif
+}
+
+static inline __attribute__((always_inline)) void tile_q(int type, int C, const uint8_t *w, int nb,
+                                                          const sx_act_block *a, const float *ad,
+                                                          const int32_t *as, float *out) {
+    const size_t tb = type == SX_Q4_0 ? SX_Q4_TILE_BYTES : SX_Q8_TILE_BYTES;
+    float acc[MAXC][SX_TILE] = {{0}};
+    (void)as;
+    for (int b = 0; b < nb; b++, w += tb)
+        for (int r = 0; r < SX_TILE; r++) {
+            int8_t v[SX_QK];
+            const float dw = unpack_row(type, w, r, v);
+            for (int c = 0; c < C; c++) {
+                const int s = dot32(v, a[(size_t)c * nb + b].qs);
+                acc[c][r] = fmaf((float)s, dw * ad[(size_t)c * nb + b], acc[c][r]);
+            }
+        }
+    for (int c = 0; c < C; c++)
+        for (int r = 0; r < SX_TILE; r++) out[8 * c + r] = acc[c][r];
 }
 #endif
 
-static inline __attribute__((always_inline)) void tile_q(int type, int R, int C, const void *w,
-                                                          int nb, const sx_act_block *a,
-                                                          const float *ad, float *y, int ys) {
-#ifdef SX_AVX2
-    __m256 acc[MAXR][MAXC];
-    for (int r = 0; r < R; r++)
-        for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();
-    const __m256i ones = _mm256_set1_epi16(1);
-    (void)ones;
-    for (int b = 0; b < nb; b++) {
-        for (int r = 0; r < R; r++) {
-            __m256i wq, wabs;
-            float dw;
-            if (type == SX_Q4_0) {
-                const sx_block_q4_0 *blk = (const sx_block_q4_0 *)w + (size_t)r * nb + b;
-                wq = unpack_q4(blk->qs);
-                wabs = wq;
-                dw = _cvtsh_ss(blk->d);
-            } else {
-                const sx_block_q8_0 *blk = (const sx_block_q8_0 *)w + (size_t)r * nb + b;
-                wq = _mm256_loadu_si256((const __m256i *)blk->qs);
-                wabs = _mm256_sign_epi8(wq, wq);
-                dw = _cvtsh_ss(blk->d);
-            }
-            const __m256 vdw = _mm256_set1_ps(dw);
-            for (int c = 0; c < C; c++) {
-                const sx_act_block *ab = a + (size_t)c * nb + b;
-                __m256i aq = _mm256_loadu_si256((const __m256i *)ab->qs);
-                __m256i s;
-#ifdef SX_VNNI
-                /* One instruction for maddubs + madd (+ the Q4_0 correction as its addend). */
-                if (type == SX_Q4_0)
-                    s = _mm256_dpbusd_epi32(_mm256_loadu_si256((const __m256i *)ab->corr), wabs, aq);
-                else
-                    s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), wabs, _mm256_sign_epi8(aq, wq));
-#else
-                if (type == SX_Q4_0) {
-                    s = _mm256_madd_epi16(_mm256_maddubs_epi16(wabs, aq), ones);
-                    s = _mm256_add_epi32(s, _mm256_loadu_si256((const __m256i *)ab->corr));
-                } else {
-                    s = _mm256_madd_epi16(_mm256_maddubs_epi16(wabs, _mm256_sign_epi8(aq, wq)), ones);
-                }
-#endif
-                const __m256 scale = _mm256_mul_ps(vdw, _mm256_broadcast_ss(ad + (size_t)c * nb + b));
-                acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), scale, acc[r][c]);
-            }
+#define QSHAPES(X) X(1) X(2) X(4)
+#define DEFQ(C)                                                                                \
+    static void q4_c##C(const uint8_t *w, int nb, const sx_act_block *a, const float *ad,    \
+                        const int32_t *as, float *out) { tile_q(SX_Q4_0, C, w, nb, a, ad, as, out); } \
+    static void q8_c##C(const uint8_t *w, int nb, const sx_act_block *a, const float *ad,    \
+                        const int32_t *as, float *out) { tile_q(SX_Q8_0, C, w, nb, a, ad, as, out); }
+QSHAPES(DEFQ)
+#undef DEFQ
+typedef void (*qtile_fn)(const uint8_t *, int, const sx_act_block *, const float *, const int32_t *, float *);
+static const qtile_fn Q4_TILES[] = {q4_c1, q4_c2, NULL, q4_c4};
+static const qtile_fn Q8_TILES[] = {q8_c1, q8_c2, NULL, q8_c4};
+
+static void gemm_rows_q(const sx_mat *w, int r0, int r1, int n, const sx_act *act, float *y, int ys, int nrc) {
+    const int nb = w->cols / SX_QK;
+    const size_t tb = w->type == SX_Q4_0 ? SX_Q4_TILE_BYTES : SX_Q8_TILE_BYTES;
+    const qtile_fn *tiles = w->type == SX_Q4_0 ? Q4_TILES : Q8_TILES;
+    const int cmax = (nrc == 1 || nrc == 2 || nrc == 4) ? nrc : MAXC;
+    float out[MAXC * SX_TILE];
+    for (int r = r0; r < r1; r += SX_TILE) {
+        const uint8_t *wt = (const uint8_t *)w->data + (size_t)(r / SX_TILE) * nb * tb;
+        const int live = r1 - r < SX_TILE ? r1 - r : SX_TILE;
+        for (int c = 0; c < n;) {
+            int C = 1;
+            while (C * 2 <= cmax && C * 2 <= n - c) C *= 2;
+            tiles[C - 1](wt, nb, act->blocks + (size_t)c * nb, act->scales + (size_t)c * nb,
+                         act->sums + (size_t)c * nb, out);
+            for (int j = 0; j < C; j++)
+                for (int i = 0; i < live; i++)
+                    y[(size_t)(c + j) * ys + r + i] = out[8 * j + i] + (w->bias ? w->bias[r + i] : 0.0f);
+            c += C;
         }
     }
-    for (int r = 0; r < R; r++)
-        for (int c = 0; c < C; c++) y[(size_t)c * ys + r] = sx_hsum8(acc[r][c]);
-#else
-    float acc[MAXR][MAXC][8];
-    memset(acc, 0, sizeof(acc));
-    for (int b = 0; b < nb; b++) {
-        for (int r = 0; r < R; r++) {
-            int wv[SX_QK];
-            float dw;
-            if (type == SX_Q4_0) {
-                const sx_block_q4_0 *blk = (const sx_block_q4_0 *)w + (size_t)r * nb + b;
-                for (int j = 0; j < SX_QK / 2; j++) {
-                    wv[j] = (blk->qs[j] & 0x0F) - 8;
-                    wv[j + SX_QK / 2] = (blk->qs[j] >> 4) - 8;
-                }
-                dw = sx_h2f(blk->d);
-            } else {
-                const sx_block_q8_0 *blk = (const sx_block_q8_0 *)w + (size_t)r * nb + b;
-                for (int j = 0; j < SX_QK; j++) wv[j] = blk->qs[j];
-                dw = sx_h2f(blk->d);
-            }
-            for (int c = 0; c < C; c++) {
-                const sx_act_block *ab = a + (size_t)c * nb + b;
-                const float scale = dw * ad[(size_t)c * nb + b];
-                for (int l = 0; l < 8; l++) {
-                    int s = 0;
-                    for (int j = 0; j < 4; j++) s += wv[4 * l + j] * ab->qs[4 * l + j];
-                    acc[r][c][l] = fmaf((float)s, scale, acc[r][c][l]);
-                }
-            }
-        }
-    }
-    for (int r = 0; r < R; r++)
-        for (int c = 0; c < C; c++) y[(size_t)c * ys + r] = sx_hsum8_scalar(acc[r][c]);
-#endif
 }
+
+/* ---- float32 tiles --------------------------------------------------------------------- */
 
 static inline __attribute__((always_inline)) void tile_f32(int R, int C, const float *w, int k,
                                                             const float *x, float *y, int ys) {
@@ -132,68 +201,36 @@ static inline __attribute__((always_inline)) void tile_f32(int R, int C, const f
 #endif
 }
 
-/* Instantiate every tile shape with constant R and C, so loops unroll and accumulators stay
- * in registers. */
-#define SHAPES(X) X(1, 1) X(1, 2) X(1, 4) X(2, 1) X(2, 2) X(2, 4) X(4, 1) X(4, 2) X(8, 1)
-#define DEF(R, C)                                                                             \
-    static void q4_##R##x##C(const void *w, int nb, const sx_act_block *a, const float *ad,  \
-                             float *y, int ys) { tile_q(SX_Q4_0, R, C, w, nb, a, ad, y, ys); } \
-    static void q8_##R##x##C(const void *w, int nb, const sx_act_block *a, const float *ad,  \
-                             float *y, int ys) { tile_q(SX_Q8_0, R, C, w, nb, a, ad, y, ys); } \
-    static void f32_##R##x##C(const float *w, int k, const float *x, float *y, int ys) {       \
-        tile_f32(R, C, w, k, x, y, ys);                                                       \
+#define FSHAPES(X) X(1, 1) X(1, 2) X(1, 4) X(2, 1) X(2, 2) X(2, 4) X(4, 1) X(4, 2) X(8, 1)
+#define DEFF(R, C)                                                                      \
+    static void f32_##R##x##C(const float *w, int k, const float *x, float *y, int ys) { \
+        tile_f32(R, C, w, k, x, y, ys);                                                 \
     }
-SHAPES(DEF)
-#undef DEF
-
-typedef void (*qtile_fn)(const void *, int, const sx_act_block *, const float *, float *, int);
+FSHAPES(DEFF)
+#undef DEFF
+#define PTR_F(R, C) f32_##R##x##C,
 typedef void (*ftile_fn)(const float *, int, const float *, float *, int);
+static const ftile_fn F32_TILES[] = {FSHAPES(PTR_F)};
 
-static int shape_index(int R, int C) {
+static int f32_shape(int R, int C) {
     static const int rs[] = {1, 1, 1, 2, 2, 2, 4, 4, 8}, cs[] = {1, 2, 4, 1, 2, 4, 1, 2, 1};
     for (int i = 0; i < 9; i++)
         if (rs[i] == R && cs[i] == C) return i;
     return 0;
 }
-#define PTR_Q4(R, C) q4_##R##x##C,
-#define PTR_Q8(R, C) q8_##R##x##C,
-#define PTR_F(R, C) f32_##R##x##C,
-static const qtile_fn Q4_TILES[] = {SHAPES(PTR_Q4)};
-static const qtile_fn Q8_TILES[] = {SHAPES(PTR_Q8)};
-static const ftile_fn F32_TILES[] = {SHAPES(PTR_F)};
 
-/* The widest supported C for R, and the R to use for a batch of n (nrc = user's choice). */
-static int cols_for(int R, int n) {
-    int cmax = R >= 8 ? 1 : (R >= 4 ? 2 : 4);
-    int c = 1;
-    while (c * 2 <= cmax && c * 2 <= n) c *= 2;
-    return c;
-}
-
-int sx_tile_rows(int nrc, int n) {
-    if (nrc == 1 || nrc == 2 || nrc == 4 || nrc == 8) return nrc;
-    return n >= 4 ? 2 : 4;
-}
-
-void sx_gemm_rows(const sx_mat *w, int r0, int r1, int n, const sx_act *act, float *y, int ys,
-                  int nrc) {
-    const int k = w->cols, nb = k / SX_QK;
-    const int R0 = sx_tile_rows(nrc, n);
+static void gemm_rows_f32(const sx_mat *w, int r0, int r1, int n, const float *x, float *y, int ys, int nrc) {
+    const int k = w->cols;
+    const int R0 = (nrc == 1 || nrc == 2 || nrc == 4 || nrc == 8) ? nrc : (n >= 4 ? 2 : 4);
     for (int r = r0; r < r1;) {
         int R = R0;
         while (R > r1 - r) R /= 2;
+        const int cmax = R >= 8 ? 1 : (R >= 4 ? 2 : 4);
         for (int c = 0; c < n;) {
-            int C = cols_for(R, n - c);
-            const int idx = shape_index(R, C);
-            float *yt = y + (size_t)c * ys + r;
-            if (w->type == SX_F32) {
-                F32_TILES[idx]((const float *)w->data + (size_t)r * k, k, act->x + (size_t)c * k, yt, ys);
-            } else {
-                const size_t bsz = w->type == SX_Q4_0 ? sizeof(sx_block_q4_0) : sizeof(sx_block_q8_0);
-                const void *wr = (const char *)w->data + (size_t)r * nb * bsz;
-                const qtile_fn *tiles = w->type == SX_Q4_0 ? Q4_TILES : Q8_TILES;
-                tiles[idx](wr, nb, act->blocks + (size_t)c * nb, act->scales + (size_t)c * nb, yt, ys);
-            }
+            int C = 1;
+            while (C * 2 <= cmax && C * 2 <= n - c) C *= 2;
+            F32_TILES[f32_shape(R, C)]((const float *)w->data + (size_t)r * k, k, x + (size_t)c * k,
+                                       y + (size_t)c * ys + r, ys);
             c += C;
         }
         if (w->bias)
@@ -201,6 +238,13 @@ void sx_gemm_rows(const sx_mat *w, int r0, int r1, int n, const sx_act *act, flo
                 for (int i = r; i < r + R; i++) y[(size_t)c * ys + i] += w->bias[i];
         r += R;
     }
+}
+
+/* ---- drivers --------------------------------------------------------------------------- */
+
+void sx_gemm_rows(const sx_mat *w, int r0, int r1, int n, const sx_act *act, float *y, int ys, int nrc) {
+    if (w->type == SX_F32) gemm_rows_f32(w, r0, r1, n, act->x, y, ys, nrc);
+    else gemm_rows_q(w, r0, r1, n, act, y, ys, nrc);
 }
 
 void sx_partition(int rows, int t, int nt, int *r0, int *r1) {
@@ -212,19 +256,19 @@ void sx_partition(int rows, int t, int nt, int *r0, int *r1) {
 
 void sx_act_prepare(const sx_mat *w, const float *x, int n, sx_act *act) {
     act->x = x;
-    if (w->type != SX_F32) sx_quantize_act(x, n, w->cols, act->blocks, act->scales);
+    if (w->type != SX_F32) sx_quantize_act(x, n, w->cols, act->blocks, act->scales, act->sums);
 }
 
 void sx_gemm(const sx_mat *w, int n, const float *x, float *y, int n_threads, int nrc) {
     const int nb = w->cols / SX_QK;
     sx_act act = {0};
     if (w->type != SX_F32) {
-        act.blocks = (sx_act_block *)aligned_alloc(64, (size_t)n * nb * sizeof(sx_act_block) + 64);
+        act.blocks = (sx_act_block *)malloc((size_t)n * nb * sizeof(sx_act_block) + 32);
         act.scales = (float *)malloc((size_t)n * nb * sizeof(float) + 4);
+        act.sums = (int32_t *)malloc((size_t)n * nb * sizeof(int32_t) + 4);
     }
     sx_act_prepare(w, x, n, &act);
-    if (n_threads < 1) n_threads = 1;
-#pragma omp parallel num_threads(n_threads)
+#pragma omp parallel num_threads(n_threads < 1 ? 1 : n_threads)
     {
         int r0, r1;
         sx_partition(w->rows, sx_thread_num(), sx_num_threads(), &r0, &r1);
@@ -232,21 +276,20 @@ void sx_gemm(const sx_mat *w, int n, const float *x, float *y, int n_threads, in
     }
     free(act.blocks);
     free(act.scales);
+    free(act.sums);
 }
 
-void sx_place(const sx_mat *w, void *dst, int n_threads, int nrc, int paired) {
-    (void)nrc; /* the partition is in groups of SX_PART rows whatever the tile */
-    const size_t row_bytes = w->type == SX_F32   ? (size_t)w->cols * 4
-                             : w->type == SX_Q4_0 ? (size_t)w->cols / SX_QK * sizeof(sx_block_q4_0)
-                                                  : (size_t)w->cols / SX_QK * sizeof(sx_block_q8_0);
-    const int rows = paired ? w->rows / 2 : w->rows;
+void sx_pack(int type, const void *rowmajor, int rows, int cols, void *packed, int n_threads, int paired) {
+    /* Each thread packs the tiles it computes (its sx_partition share), so they are first
+     * touched by it. `paired`: the two halves [0, rows/2) and [rows/2, rows) split alike. */
+    const int half = paired ? rows / 2 : rows;
 #pragma omp parallel num_threads(n_threads < 1 ? 1 : n_threads)
     {
         int r0, r1;
-        sx_partition(rows, sx_thread_num(), sx_num_threads(), &r0, &r1);
-        for (int half = 0; half < (paired ? 2 : 1); half++) {
-            const size_t off = ((size_t)half * rows + r0) * row_bytes;
-            memcpy((char *)dst + off, (const char *)w->data + off, (size_t)(r1 - r0) * row_bytes);
+        sx_partition(half, sx_thread_num(), sx_num_threads(), &r0, &r1);
+        for (int h = 0; h < (paired ? 2 : 1); h++) {
+            const int t0 = (h * half + r0) / SX_TILE, t1 = (h * half + r1 + SX_TILE - 1) / SX_TILE;
+            sx_pack_tiles(type, rowmajor, rows, cols, packed, t0, t1);
         }
     }
 }

@@ -19,9 +19,11 @@ typedef struct {
     const float *x;
     sx_act_block *blocks;
     float *scales;
+    int32_t *sums;
 } sx_act;
 
-int sx_tile_rows(int nrc, int n);
+/* Pack tiles [t0, t1) of a GGML row-major matrix (quant.c). */
+void sx_pack_tiles(int type, const void *rowmajor, int rows, int cols, void *packed, int t0, int t1);
 void sx_partition(int rows, int t, int nt, int *r0, int *r1);
 void sx_act_prepare(const sx_mat *w, const float *x, int n, sx_act *act);
 /* Rows [r0, r1) of y (row stride ys) for all n activation rows. */

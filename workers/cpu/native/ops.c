@@ -65,7 +65,7 @@ void sx_rmsnorm(const float *x, const float *w, int n, float eps, float *out) {
 
 void sx_softmax_inplace(float *x, int n) {
     float max = x[0];
-    for (int i = 1; i < n; i++) max = fmaxf(max, x[i]);
+    for (int i = 1; i < n; i++) max = x[i] > max ? x[i] : max;
     float lanes[8] = {0}, tail = 0.0f;
     int i = 0;
 #ifdef SX_AVX2
@@ -113,14 +113,65 @@ void sx_rope(float *x, const float *cos, const float *sin, int d) {
     }
 }
 
-void sx_attend(const float *q, int group, const float *k, const float *v, int len, int d,
-               float scale, float *scores, float *out) {
-    for (int g = 0; g < group; g++) {
-        const float *qg = q + (size_t)g * d;
-        float *og = out + (size_t)g * d;
-        for (int t = 0; t < len; t++) scores[t] = sx_dot_f32(qg, k + (size_t)t * d, d) * scale;
-        sx_softmax_inplace(scores, len);
-        for (int i = 0; i < d; i++) og[i] = 0.0f;
-        for (int t = 0; t < len; t++) sx_axpy(scores[t], v + (size_t)t * d, og, d);
+/* q . k with 8 lanes of fused multiply-adds over d (d % 8 == 0) reduced as
+ * ((l0+l1)+(l2+l3)) + ((l4+l5)+(l6+l7)): the order of the 8-key transposed reduction below. */
+static inline float attn_dot(const float *q, const float *k, int d) {
+    float l[8] = {0};
+    for (int i = 0; i < d; i += 8)
+        for (int j = 0; j < 8; j++) l[j] = fmaf(q[i + j], k[i + j], l[j]);
+    return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+}
+
+/* scores[t] = (q . k_t) * scale for t < len. */
+static void attn_scores(const float *q, const float *k, int len, int d, float scale, float *scores) {
+    int t = 0;
+#ifdef SX_AVX2
+    /* 8 keys at a time: 8 accumulators, then one transposed reduction for all 8 scores. */
+    const __m256 vs = _mm256_set1_ps(scale);
+    for (; t + 8 <= len; t += 8) {
+        const float *kt = k + (size_t)t * d;
+        __m256 acc[8];
+        for (int u = 0; u < 8; u++) acc[u] = _mm256_setzero_ps();
+        for (int i = 0; i < d; i += 8) {
+            const __m256 qv = _mm256_loadu_ps(q + i);
+            for (int u = 0; u < 8; u++)
+                acc[u] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kt + (size_t)u * d + i), acc[u]);
+        }
+        const __m256 h0 = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
+        const __m256 h1 = _mm256_hadd_ps(_mm256_hadd_ps(acc[4], acc[5]), _mm256_hadd_ps(acc[6], acc[7]));
+        const __m256 sum = _mm256_add_ps(_mm256_permute2f128_ps(h0, h1, 0x20), _mm256_permute2f128_ps(h0, h1, 0x31));
+        _mm256_storeu_ps(scores + t, _mm256_mul_ps(sum, vs));
     }
+#endif
+    for (; t < len; t++) scores[t] = attn_dot(q, k + (size_t)t * d, d) * scale;
+}
+
+/* out = sum_t p[t] v_t (t ascending, fused multiply-adds from 0): the same per element as
+ * repeated sx_axpy, with the output kept in registers. */
+static void attn_values(const float *p, const float *v, int len, int d, float *out) {
+    int i0 = 0;
+#ifdef SX_AVX2
+    for (; i0 + 64 <= d; i0 += 64) {
+        __m256 acc[8];
+        for (int j = 0; j < 8; j++) acc[j] = _mm256_setzero_ps();
+        for (int t = 0; t < len; t++) {
+            const __m256 pt = _mm256_set1_ps(p[t]);
+            const float *vt = v + (size_t)t * d + i0;
+            for (int j = 0; j < 8; j++) acc[j] = _mm256_fmadd_ps(pt, _mm256_loadu_ps(vt + 8 * j), acc[j]);
+        }
+        for (int j = 0; j < 8; j++) _mm256_storeu_ps(out + i0 + 8 * j, acc[j]);
+    }
+#endif
+    for (int i = i0; i < d; i++) out[i] = 0.0f;
+    for (int t = 0; t < len; t++)
+        for (int i = i0; i < d; i++) out[i] = fmaf(p[t], v[(size_t)t * d + i], out[i]);
+}
+
+void sx_attend(const float *q, const float *k, const float *v, int cached, const float *k_new,
+               const float *v_new, int d, float scale, float *scores, float *out) {
+    attn_scores(q, k, cached, d, scale, scores);
+    scores[cached] = attn_dot(q, k_new, d) * scale;
+    sx_softmax_inplace(scores, cached + 1);
+    attn_values(scores, v, cached, d, out);
+    sx_axpy(scores[cached], v_new, out, d);
 }

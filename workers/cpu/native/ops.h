@@ -7,9 +7,9 @@
 void sx_silu_mul(const float *g, const float *u, float *out, int n);
 /* Rotate-half rope of one head in place, with the cos/sin rows of its position. */
 void sx_rope(float *x, const float *cos, const float *sin, int d);
-/* Attention of `group` query heads (q: [group, d], already normalised and rotated) over
- * positions [0, len) of one KV head's keys and values ([len, d] each); out: [group, d].
- * scores: scratch of len floats. */
-void sx_attend(const float *q, int group, const float *k, const float *v, int len, int d,
-               float scale, float *scores, float *out);
+/* Attention of one query head (q: [d], normalised and rotated) over `cached` positions of its
+ * KV head ([cached, d] keys and values) and the new position's key and value; out: [d].
+ * scores: scratch of cached + 1 floats. */
+void sx_attend(const float *q, const float *k, const float *v, int cached, const float *k_new,
+               const float *v_new, int d, float scale, float *scores, float *out);
 #endif

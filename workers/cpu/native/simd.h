@@ -13,6 +13,9 @@
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
 #define SX_VNNI 1 /* 256-bit VPDPBUSD: the same lanes and integers as maddubs + madd */
 #endif
+#elif defined(__aarch64__) && defined(__ARM_FEATURE_DOTPROD) && !defined(SX_PORTABLE)
+#define SX_NEON 1 /* NEON with the dot-product extension (ARMv8.2+): sdot for the GEMM */
+#include <arm_neon.h>
 #endif
 
 #ifndef __FLT16_MAX__
@@ -57,6 +60,16 @@ static inline float sx_dot_f32(const float *a, const float *b, int n) {
     for (; i + 8 <= n; i += 8)
         acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
     float head = sx_hsum8(acc);
+#elif defined(SX_NEON)
+    float32x4_t lo = vdupq_n_f32(0.0f), hi = vdupq_n_f32(0.0f);
+    for (; i + 8 <= n; i += 8) {
+        lo = vfmaq_f32(lo, vld1q_f32(a + i), vld1q_f32(b + i));
+        hi = vfmaq_f32(hi, vld1q_f32(a + i + 4), vld1q_f32(b + i + 4));
+    }
+    float l[8];
+    vst1q_f32(l, lo);
+    vst1q_f32(l + 4, hi);
+    float head = sx_hsum8_scalar(l);
 #else
     float l[8] = {0};
     for (; i + 8 <= n; i += 8)

@@ -17,16 +17,27 @@ enum { SX_F32 = 0, SX_Q4_0 = 2, SX_Q8_0 = 8 };
 typedef struct { uint16_t d; uint8_t qs[SX_QK / 2]; } sx_block_q4_0; /* 18 bytes, as in GGUF */
 typedef struct { uint16_t d; int8_t qs[SX_QK]; } sx_block_q8_0;      /* 34 bytes, as in GGUF */
 
-/* An activation row quantized to 8 bits per 32-element block: quants, the Q4_0 zero-point
- * correction (-8 * sum of each group of 4 quants, one per SIMD lane) and a float scale. */
-typedef struct { int8_t qs[SX_QK]; int32_t corr[8]; } sx_act_block; /* 64 bytes */
+/* An activation block quantized to 8 bits: the quants, and the same plus 128 as unsigned bytes
+ * (the unsigned operand VPDPBUSD needs against signed Q8_0 weights). Scales and sums of the
+ * quants are kept in arrays of their own. */
+typedef struct { int8_t qs[SX_QK]; uint8_t qu[SX_QK]; } sx_act_block;
+
+/* Packed weights: Q4_0/Q8_0 matrices are repacked at load into tiles of 8 rows. For each tile
+ * and each 32-column block: the 8 rows' fp16 scales, then 32-byte chunks each holding the same
+ * 4 quant bytes of all 8 rows (row r at bytes 4r..4r+3), so one VPDPBUSD of a chunk against a
+ * broadcast group of 4 activations adds 4 products to each of the 8 rows' sums at once.
+ * Q4_0: 16 + 4 x 32 = 144 bytes (= 8 GGML blocks; byte i of a row holds quants i and i + 16);
+ * Q8_0: 16 + 8 x 32 = 272 bytes. Rows are padded to a multiple of 8 with zero blocks. */
+#define SX_TILE 8
+#define SX_Q4_TILE_BYTES 144
+#define SX_Q8_TILE_BYTES 272
 
 typedef struct {
     int32_t type;      /* SX_F32 | SX_Q4_0 | SX_Q8_0 */
     int32_t rows;      /* output features */
     int32_t cols;      /* input features (a multiple of 32) */
     int32_t pad_;
-    const void *data;  /* rows x cols weights, row-major (GGML blocks for the quantized types) */
+    const void *data;  /* F32: rows x cols row-major; Q4_0/Q8_0: packed tiles (see above) */
     const float *bias; /* [rows] or NULL */
 } sx_mat;
 
@@ -58,24 +69,29 @@ int sx_max_threads(void);
 /* Weights: GGML reference quantization (bit-exact with ggml-quants.c / gguf-py). n % 32 == 0. */
 void sx_quantize(int type, const float *x, int64_t n, void *out);
 void sx_dequantize(int type, const void *in, int64_t n, float *out);
-/* Activations: n rows of k floats -> blocks + scales (what the GEMM consumes). */
-void sx_quantize_act(const float *x, int n, int k, sx_act_block *out, float *scales);
+/* Activations: n rows of k floats -> int8 blocks, float scales, int32 sums of the quants. */
+void sx_quantize_act(const float *x, int n, int k, sx_act_block *out, float *scales, int32_t *sums);
 
-/* y[n, rows] = x[n, cols] @ W^T (+ bias), threads over row tiles of `nrc` rows (0 = default). */
+/* GGML row-major blocks <-> packed tiles. sx_pack writes each tile from the thread that will
+ * compute it in sx_gemm / sx_decode, so first touch places the pages on that thread's NUMA
+ * node; `paired`: partition like gate_up in the decode step (row r with row r + rows/2). */
+size_t sx_packed_bytes(int type, int rows, int cols);
+void sx_pack(int type, const void *rowmajor, int rows, int cols, void *packed, int n_threads, int paired);
+void sx_unpack(int type, const void *packed, int rows, int cols, void *rowmajor);
+
+/* y[n, rows] = x[n, cols] @ W^T (+ bias), threads over tiles of 8 rows. `nrc`: activation rows
+ * per tile for the quantized types (1, 2, 4), weight rows per tile for F32 (1, 2, 4, 8);
+ * 0 = default. */
 void sx_gemm(const sx_mat *w, int n, const float *x, float *y, int n_threads, int nrc);
-/* Copy W's data into dst with each row tile written by the thread that will compute it in
- * sx_gemm / sx_decode (first touch places the pages on that thread's NUMA node). `paired`:
- * partition like gate_up in the decode step (row r and row r + rows/2 together). */
-void sx_place(const sx_mat *w, void *dst, int n_threads, int nrc, int paired);
 
 /* Pin thread i of the kernels' pool to cpus[i]; returns 0, or -1 if the pool's size differs
  * from n, or the 1-based index of the first thread whose pinning failed. */
 int sx_pin_threads(const int *cpus, int n);
 
 /* Zero a KV cache ([layers, slots, kv_heads, max_len, head_dim] keys and values) with each
- * (slot, kv head) region first touched by the thread that attends over it in sx_decode. */
+ * (slot, kv head) region first touched by the thread that writes it in sx_decode. */
 void sx_place_kv(float *k, float *v, int n_layers, int n_slots, int n_kv_heads, int max_len,
-                 int head_dim, int n_threads);
+                 int head_dim, int n_heads, int n_threads);
 
 sx_ctx *sx_ctx_new(const sx_model *m, int max_batch, int n_threads, int nrc);
 void sx_ctx_free(sx_ctx *c);
