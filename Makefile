@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PROMPT ?= Explain in two sentences why the sky is blue.
 
-.PHONY: install run generate test test-slow lint format bench clean
+.PHONY: install run generate test test-slow lint format bench bench-cpu clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,10 @@ format: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/engine.py
+
+# CPU decode kernels vs llama.cpp (pip install llama-cpp-python==0.3.36 for its rows) and transformers
+bench-cpu: $(STAMP)
+	$(BIN)/python bench/cpu_decode.py --json bench/results/cpu_decode.json --plot docs/img/cpu_decode.png
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -137,6 +137,23 @@ def bench_transformers(args: argparse.Namespace, path: Path, prompts: list[list[
     return DecodeRow(**asdict(r), fmt="f32", mode="fp32")
 
 
+def simd_info() -> dict[str, str]:
+    """Which instruction sets each engine was built for: a fair comparison needs both."""
+    from syshax.shared import env
+    from syshax.workers.cpu import lib
+
+    out = {"syshax_simd": lib.load().sx_simd().decode(), "kernel_march": env.kernel_march()}
+    try:
+        import llama_cpp
+
+        text = llama_cpp.llama_print_system_info().decode()
+        cpu = next((part for part in text.split("CPU :")[1:2]), "").strip(" |\n")
+        out["llama_cpp_cpu"] = " ".join(cpu.replace(" = 1", "").split(" | ")) or text.strip()
+    except (ImportError, AttributeError):
+        pass
+    return out
+
+
 def bandwidth_gbs(mb: int, repeats: int = 10) -> float:
     """Read bandwidth: best time of torch sum() over an `mb` MiB float32 buffer."""
     x = torch.ones(mb * 2**20 // 4)
@@ -225,6 +242,9 @@ def markdown(rows: list[DecodeRow], args: argparse.Namespace, info: dict[str, An
         "EOS ignored; decode tok/s = all sequences' decode tokens / decode seconds",
         f"- memory bandwidth (torch sum over {args.bandwidth_mb} MiB, best of 10): "
         f"{info['bandwidth_gbs']:.1f} GB/s",
+        f"- instruction sets: syshax kernels `{info.get('syshax_simd', '?')}` "
+        f"(SYSHAX_KERNEL_MARCH={info.get('kernel_march', '?')}); "
+        f"llama.cpp `{info.get('llama_cpp_cpu', 'not measured')}`",
         "",
         "| engine | format | mode | weights | load s | prefill tok/s | "
         + " | ".join(f"decode b={b}" for b in bs)
@@ -336,6 +356,7 @@ def main(argv: list[str] | None = None) -> None:
     prompts = engine_bench.make_prompts(pargs, src)
     info = engine_bench.machine() | {"model": src.name, "threads": threads, "skipped": []}
     info["bandwidth_gbs"] = bandwidth_gbs(args.bandwidth_mb)
+    info.update(simd_info())
     print(f"# memory bandwidth: {info['bandwidth_gbs']:.1f} GB/s ({threads} threads)", flush=True)
     try:
         import llama_cpp  # noqa: F401

@@ -106,6 +106,18 @@ def kernel_cache_dir() -> Path:
     return (Path(base) if base else Path.home() / ".cache") / "syshax" / "kernels"
 
 
+def kernel_march() -> str:
+    """SYSHAX_KERNEL_MARCH: the -march the CPU kernels are compiled for (default native).
+
+    E.g. `haswell` builds plain AVX2 + FMA code on a machine that also has AVX-512, to compare
+    with an engine built for AVX2 only; an unknown value fails in the compiler with its message.
+    """
+    value = _raw("SYSHAX_KERNEL_MARCH") or "native"
+    if not all(ch.isalnum() or ch in "-_.+" for ch in value):
+        raise EnvError(f"SYSHAX_KERNEL_MARCH={value!r} is not valid; expected a gcc -march name")
+    return value
+
+
 # name -> reader; also the list the docs describe.
 ENV_VARS: dict[str, Callable[[], Any]] = {
     "DEBUG": debug,
@@ -116,6 +128,7 @@ ENV_VARS: dict[str, Callable[[], Any]] = {
     "SYSHAX_QUANTIZE": quantize,
     "NRC": nrc,
     "SYSHAX_KERNEL_CACHE": kernel_cache_dir,
+    "SYSHAX_KERNEL_MARCH": kernel_march,
 }
 
 

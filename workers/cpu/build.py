@@ -31,9 +31,14 @@ log = logging.getLogger(__name__)
 SOURCES = ("quant.c", "gemm.c", "ops.c", "decode.c")
 HEADERS = ("sx.h", "simd.h", "gemm.h", "ops.h")
 BASE_FLAGS = ("-O3", "-std=gnu11", "-fPIC", "-shared", "-fopenmp", "-ffp-contract=off")
-# variant -> extra flags. "native" is what the engine uses; "portable" (scalar, bit-identical
-# results) exists so tests can check the fallback on any machine.
-VARIANTS = {"native": ("-march=native",), "portable": ("-DSX_PORTABLE",)}
+# variant -> extra flags. "native" is what the engine uses (-march=$SYSHAX_KERNEL_MARCH, default
+# native); "portable" (scalar, bit-identical results) exists so tests can check the fallback on
+# any machine.
+VARIANTS = ("native", "portable")
+
+
+def _variant_flags(variant: str) -> tuple[str, ...]:
+    return (f"-march={env.kernel_march()}",) if variant == "native" else ("-DSX_PORTABLE",)
 
 
 class KernelBuildError(RuntimeError):
@@ -86,7 +91,7 @@ def library_path(variant: str = "native") -> Path:
     if variant not in VARIANTS:
         raise ValueError(f"unknown kernel variant {variant!r}; choose one of {', '.join(VARIANTS)}")
     cc = _compiler()
-    flags = BASE_FLAGS + VARIANTS[variant]
+    flags = BASE_FLAGS + _variant_flags(variant)
     cache = env.kernel_cache_dir()
     target = cache / f"libsyshax_cpu-{variant}-{_cache_key(cc, flags)}.so"
     if target.is_file():

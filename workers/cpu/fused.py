@@ -46,10 +46,12 @@ class FusedDecoder:
     def __init__(self, model: nn.Module, cache, threads: int | None = None, nrc: int = 0):
         self._ctx = None
         c = model.config
-        if cache.k.dtype != torch.float32 or cache.k.device.type != "cpu":
-            raise FusedError("fused mode runs on the CPU with a float32 KV cache (--dtype float32)")
-        if c.head_dim % 8:
-            raise FusedError(f"fused mode needs head_dim to be a multiple of 8, got {c.head_dim}")
+        if cache.k.dtype not in (torch.float32, torch.float16) or cache.k.device.type != "cpu":
+            raise FusedError("fused mode runs on the CPU with a float32 or float16 KV cache")
+        if c.head_dim % 8 or c.head_dim > 512:
+            raise FusedError(
+                f"fused mode needs head_dim a multiple of 8 up to 512, got {c.head_dim}"
+            )
         for name, size in (
             ("hidden_size", c.hidden_size),
             ("intermediate_size", c.intermediate_size),
@@ -64,7 +66,8 @@ class FusedDecoder:
         self.vocab = c.vocab_size
         keep: list = [cache.k, cache.v]
         shape = cache.k.shape  # [layers, slots, kv_heads, max_len, head_dim]
-        self._lib.sx_place_kv(lib.ptr(cache.k), lib.ptr(cache.v), *shape, c.num_heads, self.threads)
+        elem = cache.k.element_size()
+        self._lib.sx_place_kv(lib.ptr(cache.k), lib.ptr(cache.v), *shape, elem, self.threads)
 
         def f32(t: torch.Tensor | None) -> int | None:
             if t is None:
@@ -98,6 +101,7 @@ class FusedDecoder:
             vocab=c.vocab_size,
             max_len=cache.max_model_len,
             n_slots=cache.num_slots,
+            kv_f16=int(cache.k.dtype == torch.float16),
             eps=c.rms_norm_eps,
             embed=f32(model.embed_tokens.weight),
             final_norm=f32(model.norm.weight),

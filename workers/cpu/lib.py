@@ -58,6 +58,7 @@ class SxModel(ctypes.Structure):
         ("vocab", c_int32),
         ("max_len", c_int32),
         ("n_slots", c_int32),
+        ("kv_f16", c_int32),
         ("eps", c_float),
         ("embed", c_void_p),
         ("final_norm", c_void_p),

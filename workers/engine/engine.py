@@ -96,10 +96,12 @@ class Engine:
         quantize: str | None = None,
         op_mode: str | None = None,
         nrc: int | None = None,
+        kv_dtype: str | None = None,
     ):
         """`quantize` (q8_0 | q4_0), `op_mode` ("fused") and `nrc` (GEMM row tile) select the
         native CPU kernels (workers/cpu); they are what SYSHAX_QUANTIZE, INFERENCE_OP_MODE and
-        NRC set for a worker. None = plain PyTorch."""
+        NRC set for a worker. None = plain PyTorch. `kv_dtype`: the KV cache's dtype (default:
+        float16 in fused mode, as llama.cpp does: attention reads half the bytes; else `dtype`)."""
         self.device = resolve_device(device)
         if (quantize or op_mode) and self.device.type != "cpu":
             raise EngineError(
@@ -143,8 +145,11 @@ class Engine:
             self.model.init_rope(max_model_len, self.device)
         self.max_model_len = max_model_len
         fused = op_mode == "fused"
+        self.kv_dtype = (
+            parse_dtype(kv_dtype) if kv_dtype else (torch.float16 if fused else self.dtype)
+        )
         self.cache = KVCache(
-            self.config, max_num_seqs, max_model_len, self.dtype, self.device, zero=not fused
+            self.config, max_num_seqs, max_model_len, self.kv_dtype, self.device, zero=not fused
         )
         self.fused = None
         if op_mode == "fused":

@@ -99,8 +99,8 @@ class Attention(nn.Module):
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         else:
             # Continuing a cached prefix: query i sees every cached position <= start + i.
-            keys = k_cache[slot : slot + 1, :, :end]
-            vals = v_cache[slot : slot + 1, :, :end]
+            keys = k_cache[slot : slot + 1, :, :end].to(q.dtype)  # the cache may be narrower
+            vals = v_cache[slot : slot + 1, :, :end].to(q.dtype)
             pos_q = torch.arange(start, end, device=x.device)[:, None]
             mask = torch.arange(end, device=x.device)[None, :] <= pos_q
             out = F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask, enable_gqa=True)
@@ -111,10 +111,11 @@ class Attention(nn.Module):
         n = x.shape[0]
         c = self.c
         q, k, v = self._qkv(x, cos, sin)
-        k_cache[rows, :, positions] = k[:, :, 0]
-        v_cache[rows, :, positions] = v[:, :, 0]
+        k_cache[rows, :, positions] = k[:, :, 0].to(k_cache.dtype)
+        v_cache[rows, :, positions] = v[:, :, 0].to(v_cache.dtype)
         length = mask.shape[-1]
-        keys, vals = k_cache[:n, :, :length], v_cache[:n, :, :length]
+        # A float16 cache under float32 compute: read back what was stored (rounded).
+        keys, vals = k_cache[:n, :, :length].to(q.dtype), v_cache[:n, :, :length].to(q.dtype)
         # Grouped-query attention without repeating K/V: fold the query heads of one KV head
         # into the "query length" axis. [n, KVH, G, D] @ [n, KVH, D, L] -> [n, KVH, G, L].
         group = c.num_heads // c.num_kv_heads

@@ -27,10 +27,21 @@ def _engine(folder, **kw) -> Engine:
     )
 
 
+@pytest.mark.parametrize("kv", ["float16", "float32"])
 @pytest.mark.parametrize("arch", ARCHS)
-def test_fused_float32_gives_the_pytorch_tokens(tiny_models, arch):
+def test_fused_float32_gives_the_pytorch_tokens(tiny_models, arch, kv):
+    """float32 weights, the same KV cache dtype (fused mode defaults to float16, whose values
+    the PyTorch path then reads back the same way): the same greedy tokens."""
     folder, _ = tiny_models[arch]
-    assert _greedy(_engine(folder, op_mode="fused")) == _greedy(_engine(folder))
+    fused = _engine(folder, op_mode="fused", kv_dtype=kv)
+    assert fused.cache.k.dtype == getattr(torch, kv)
+    assert _greedy(fused) == _greedy(_engine(folder, kv_dtype=kv))
+
+
+def test_fused_mode_defaults_to_a_float16_kv_cache(tiny_models):
+    folder, _ = tiny_models["llama"]
+    assert _engine(folder, op_mode="fused").cache.k.dtype == torch.float16
+    assert _engine(folder).cache.k.dtype == torch.float32
 
 
 def _teacher_forced(engine: Engine, prompt: list[int], steps: int):

@@ -40,7 +40,7 @@ def q8_fused() -> Engine:
 
 
 def test_fused_q8_0_equals_pytorch_q8_0(q8_fused):
-    torch_q8 = _engine(quantize="q8_0")
+    torch_q8 = _engine(quantize="q8_0", kv_dtype="float16")  # the fused engine's KV dtype
     assert _greedy(q8_fused, PROMPTS[0], N_EQUAL) == _greedy(torch_q8, PROMPTS[0], N_EQUAL)
 
 

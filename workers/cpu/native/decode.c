@@ -11,7 +11,7 @@
  *      applies silu(gate) * up (gate row j and up row j are in the same thread);  barrier
  *   5. quantizes that, its down_proj rows, adds them into x;               barrier
  * then the final norm and its partition of the lm_head rows. The row partition is the one
- * sx_place used to first-touch the weights, so each thread streams memory local to it. */
+ * sx_pack used to first-touch the weights, so each thread streams memory local to it. */
 #define _GNU_SOURCE
 #include <sched.h>
 #include <stdlib.h>
@@ -25,7 +25,7 @@ typedef struct {
     sx_act_block *blocks;   /* [B, kmax / 32] */
     float *scales;          /* [B, kmax / 32] */
     int32_t *sums;          /* [B, kmax / 32] */
-    float *scores;          /* [max_len + head_dim]: attention scores, then the rotated key */
+    float *scores;          /* [max_len + 2 head_dim]: attention scores, the new key and value */
 } sx_scratch;
 
 struct sx_ctx {
@@ -121,7 +121,7 @@ sx_ctx *sx_ctx_new(const sx_model *m, int max_batch, int n_threads, int nrc) {
         c->ws[t].blocks = zalloc(B * (c->kmax / SX_QK) * sizeof(sx_act_block));
         c->ws[t].scales = zalloc(B * (c->kmax / SX_QK) * 4);
         c->ws[t].sums = zalloc(B * (c->kmax / SX_QK) * 4);
-        c->ws[t].scores = zalloc(((size_t)m->max_len + m->head_dim) * 4);
+        c->ws[t].scores = zalloc(((size_t)m->max_len + 2 * m->head_dim) * 4);
         ok = c->ws[t].xn && c->ws[t].blocks && c->ws[t].scales && c->ws[t].sums && c->ws[t].scores;
     }
     if (!ok) {
@@ -163,17 +163,34 @@ static void attention_item(const sx_ctx *c, const sx_layer *L, int s, int h0, in
     if (L->k_norm) sx_rmsnorm(k, L->k_norm, d, m->eps, k);
     sx_rope(k, cs, sn, d);
     const size_t base = ((size_t)s * m->n_kv_heads + g) * m->max_len * d;
-    float *kc = L->k_cache + base, *vc = L->v_cache + base;
-    if (h0 % group == 0) {
-        memcpy(kc + pos * d, k, (size_t)d * 4);
-        memcpy(vc + pos * d, v, (size_t)d * 4);
+    const size_t eb = m->kv_f16 ? 2 : 4;
+    char *kc = (char *)L->k_cache + base * eb, *vc = (char *)L->v_cache + base * eb;
+    float *vn = k + d; /* the new value as the cache holds it */
+    if (m->kv_f16) {
+        /* Attend with the new key and value as they will be read back later: rounded. */
+        for (int i = 0; i < d; i++) {
+            const uint16_t hk = sx_f2h(k[i]), hv = sx_f2h(v[i]);
+            k[i] = sx_h2f(hk);
+            vn[i] = sx_h2f(hv);
+            if (h0 % group == 0) {
+                ((uint16_t *)kc)[pos * d + i] = hk;
+                ((uint16_t *)vc)[pos * d + i] = hv;
+            }
+        }
+    } else {
+        memcpy(vn, v, (size_t)d * 4);
+        if (h0 % group == 0) {
+            memcpy(kc + pos * d * 4, k, (size_t)d * 4);
+            memcpy(vc + pos * d * 4, v, (size_t)d * 4);
+        }
     }
     const float scale = (float)(1.0 / sqrt((double)d));
     for (int h = h0; h < h1; h++) {
         float *q = row + (size_t)h * d;
         if (L->q_norm) sx_rmsnorm(q, L->q_norm, d, m->eps, q);
         sx_rope(q, cs, sn, d);
-        sx_attend(q, kc, vc, (int)pos, k, v, d, scale, scratch, c->attn + (size_t)s * c->q_out + (size_t)h * d);
+        sx_attend(q, kc, vc, m->kv_f16, (int)pos, k, vn, d, scale, scratch,
+                  c->attn + (size_t)s * c->q_out + (size_t)h * d);
     }
 }
 
@@ -230,13 +247,12 @@ int sx_decode(sx_ctx *c, int n, const int64_t *tokens, const int64_t *positions,
     return 0;
 }
 
-void sx_place_kv(float *k, float *v, int n_layers, int n_slots, int n_kv_heads, int max_len,
-                 int head_dim, int n_heads, int n_threads) {
+void sx_place_kv(void *k, void *v, int n_layers, int n_slots, int n_kv_heads, int max_len,
+                 int head_dim, int elem_bytes, int n_threads) {
     /* Zero the caches with each (slot, kv head) region written by the thread that writes it in
      * sx_decode at batch >= 2 (items are whole groups there: item s * n_kv_heads + g), so first
      * touch puts it on that thread's node. */
-    const size_t per = (size_t)max_len * head_dim, items = (size_t)n_slots * n_kv_heads;
-    (void)n_heads;
+    const size_t per = (size_t)max_len * head_dim * elem_bytes, items = (size_t)n_slots * n_kv_heads;
 #pragma omp parallel num_threads(n_threads < 1 ? 1 : n_threads)
     {
         const int t = sx_thread_num(), nt = sx_num_threads();
@@ -244,8 +260,8 @@ void sx_place_kv(float *k, float *v, int n_layers, int n_slots, int n_kv_heads, 
             for (size_t item = 0; item < items; item++) {
                 if ((int)(item % nt) != t) continue;
                 const size_t off = ((size_t)l * items + item) * per;
-                memset(k + off, 0, per * 4);
-                memset(v + off, 0, per * 4);
+                memset((char *)k + off, 0, per);
+                memset((char *)v + off, 0, per);
             }
     }
 }

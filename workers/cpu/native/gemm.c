@@ -71,10 +71,21 @@ static inline __attribute__((always_inline)) void tile_q(int type, int C, const 
             __m256i s0, s1 = _mm256_setzero_si256();
             if (type == SX_Q4_0) {
                 s0 = _mm256_set1_epi32(-8 * as[(size_t)c * nb + b]); /* the zero point */
+#ifdef SX_VNNI
                 for (int k = 0; k < 4; k++) {
                     s0 = dot_us(s0, wq[k], bcast4(ab->qs + 4 * k));
                     s1 = dot_us(s1, wq[k + 4], bcast4(ab->qs + 16 + 4 * k));
                 }
+#else
+                /* maddubs pairs of nibble x int8 are at most 2 * 15 * 127 = 3810, so the 8
+                 * chunks' pairs add up in int16 without overflow (30480): one madd per block. */
+                __m256i p16 = _mm256_setzero_si256();
+                for (int k = 0; k < 4; k++) {
+                    p16 = _mm256_add_epi16(p16, _mm256_maddubs_epi16(wq[k], bcast4(ab->qs + 4 * k)));
+                    p16 = _mm256_add_epi16(p16, _mm256_maddubs_epi16(wq[k + 4], bcast4(ab->qs + 16 + 4 * k)));
+                }
+                s1 = _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
+#endif
             } else {
                 s0 = base;
                 for (int j = 0; j < 8; j += 2) {

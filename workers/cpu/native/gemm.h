@@ -3,7 +3,7 @@
 #define SX_GEMM_H
 #include "sx.h"
 
-#define SX_PART 8 /* rows per unit of the thread partition (a multiple of every tile height) */
+#define SX_PART 8 /* rows per unit of the thread partition: one packed tile */
 
 #ifdef _OPENMP
 #include <omp.h>

@@ -122,20 +122,38 @@ static inline float attn_dot(const float *q, const float *k, int d) {
     return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
 }
 
+/* Key / value row t as floats: a pointer into a float32 cache, or converted into `tmp`. */
+static inline const float *kv_row(const void *base, int f16, int t, int d, float *tmp) {
+    if (!f16) return (const float *)base + (size_t)t * d;
+    const uint16_t *h = (const uint16_t *)base + (size_t)t * d;
+    int i = 0;
+#ifdef SX_AVX2
+    for (; i + 8 <= d; i += 8) _mm256_storeu_ps(tmp + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
+#endif
+    for (; i < d; i++) tmp[i] = sx_h2f(h[i]);
+    return tmp;
+}
+
+#ifdef SX_AVX2
+static inline __m256 load8(const void *base, int f16, size_t off) {
+    if (f16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)base + off)));
+    return _mm256_loadu_ps((const float *)base + off);
+}
+#endif
+
 /* scores[t] = (q . k_t) * scale for t < len. */
-static void attn_scores(const float *q, const float *k, int len, int d, float scale, float *scores) {
+static void attn_scores(const float *q, const void *k, int f16, int len, int d, float scale, float *scores) {
     int t = 0;
 #ifdef SX_AVX2
     /* 8 keys at a time: 8 accumulators, then one transposed reduction for all 8 scores. */
     const __m256 vs = _mm256_set1_ps(scale);
     for (; t + 8 <= len; t += 8) {
-        const float *kt = k + (size_t)t * d;
         __m256 acc[8];
         for (int u = 0; u < 8; u++) acc[u] = _mm256_setzero_ps();
         for (int i = 0; i < d; i += 8) {
             const __m256 qv = _mm256_loadu_ps(q + i);
             for (int u = 0; u < 8; u++)
-                acc[u] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kt + (size_t)u * d + i), acc[u]);
+                acc[u] = _mm256_fmadd_ps(qv, load8(k, f16, (size_t)(t + u) * d + i), acc[u]);
         }
         const __m256 h0 = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
         const __m256 h1 = _mm256_hadd_ps(_mm256_hadd_ps(acc[4], acc[5]), _mm256_hadd_ps(acc[6], acc[7]));
@@ -143,12 +161,13 @@ static void attn_scores(const float *q, const float *k, int len, int d, float sc
         _mm256_storeu_ps(scores + t, _mm256_mul_ps(sum, vs));
     }
 #endif
-    for (; t < len; t++) scores[t] = attn_dot(q, k + (size_t)t * d, d) * scale;
+    float tmp[512];
+    for (; t < len; t++) scores[t] = attn_dot(q, kv_row(k, f16, t, d, tmp), d) * scale;
 }
 
 /* out = sum_t p[t] v_t (t ascending, fused multiply-adds from 0): the same per element as
  * repeated sx_axpy, with the output kept in registers. */
-static void attn_values(const float *p, const float *v, int len, int d, float *out) {
+static void attn_values(const float *p, const void *v, int f16, int len, int d, float *out) {
     int i0 = 0;
 #ifdef SX_AVX2
     for (; i0 + 64 <= d; i0 += 64) {
@@ -156,22 +175,26 @@ static void attn_values(const float *p, const float *v, int len, int d, float *o
         for (int j = 0; j < 8; j++) acc[j] = _mm256_setzero_ps();
         for (int t = 0; t < len; t++) {
             const __m256 pt = _mm256_set1_ps(p[t]);
-            const float *vt = v + (size_t)t * d + i0;
-            for (int j = 0; j < 8; j++) acc[j] = _mm256_fmadd_ps(pt, _mm256_loadu_ps(vt + 8 * j), acc[j]);
+            const size_t off = (size_t)t * d + i0;
+            for (int j = 0; j < 8; j++) acc[j] = _mm256_fmadd_ps(pt, load8(v, f16, off + 8 * j), acc[j]);
         }
         for (int j = 0; j < 8; j++) _mm256_storeu_ps(out + i0 + 8 * j, acc[j]);
     }
 #endif
     for (int i = i0; i < d; i++) out[i] = 0.0f;
-    for (int t = 0; t < len; t++)
-        for (int i = i0; i < d; i++) out[i] = fmaf(p[t], v[(size_t)t * d + i], out[i]);
+    if (i0 == d) return;
+    float tmp[512];
+    for (int t = 0; t < len; t++) {
+        const float *vt = kv_row(v, f16, t, d, tmp);
+        for (int i = i0; i < d; i++) out[i] = fmaf(p[t], vt[i], out[i]);
+    }
 }
 
-void sx_attend(const float *q, const float *k, const float *v, int cached, const float *k_new,
-               const float *v_new, int d, float scale, float *scores, float *out) {
-    attn_scores(q, k, cached, d, scale, scores);
+void sx_attend(const float *q, const void *k, const void *v, int f16, int cached,
+               const float *k_new, const float *v_new, int d, float scale, float *scores, float *out) {
+    attn_scores(q, k, f16, cached, d, scale, scores);
     scores[cached] = attn_dot(q, k_new, d) * scale;
     sx_softmax_inplace(scores, cached + 1);
-    attn_values(scores, v, cached, d, out);
+    attn_values(scores, v, f16, cached, d, out);
     sx_axpy(scores[cached], v_new, out, d);
 }

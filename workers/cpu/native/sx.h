@@ -48,11 +48,12 @@ typedef struct {
     sx_mat o;
     sx_mat gate_up; /* rows: gate [0, inter), up [inter, 2*inter) */
     sx_mat down;
-    float *k_cache, *v_cache; /* this layer's [slots, kv_heads, max_len, head_dim] */
+    void *k_cache, *v_cache; /* this layer's [slots, kv_heads, max_len, head_dim], float or fp16 */
 } sx_layer;
 
 typedef struct {
     int32_t n_layers, hidden, n_heads, n_kv_heads, head_dim, inter, vocab, max_len, n_slots;
+    int32_t kv_f16; /* 1: the KV cache holds fp16 (rounded to nearest even), 0: float32 */
     float eps;
     const float *embed;      /* [vocab, hidden] */
     const float *final_norm; /* [hidden] */
@@ -90,8 +91,8 @@ int sx_pin_threads(const int *cpus, int n);
 
 /* Zero a KV cache ([layers, slots, kv_heads, max_len, head_dim] keys and values) with each
  * (slot, kv head) region first touched by the thread that writes it in sx_decode. */
-void sx_place_kv(float *k, float *v, int n_layers, int n_slots, int n_kv_heads, int max_len,
-                 int head_dim, int n_heads, int n_threads);
+void sx_place_kv(void *k, void *v, int n_layers, int n_slots, int n_kv_heads, int max_len,
+                 int head_dim, int elem_bytes, int n_threads);
 
 sx_ctx *sx_ctx_new(const sx_model *m, int max_batch, int n_threads, int nrc);
 void sx_ctx_free(sx_ctx *c);
