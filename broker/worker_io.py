@@ -280,6 +280,11 @@ def live_workers(r: redis.Redis, keys: Keys = KEYS) -> list[dict[str, str]]:
     return alive
 
 
+def decoder_classes(workers: list[dict[str, str]]) -> set[str]:
+    """The device classes with at least one of these (live) workers decoding."""
+    return {w.get("device_class", "") for w in workers if "decode" in w.get("roles", "").split(",")}
+
+
 def device_loads(r: redis.Redis, workers: list[dict[str, str]], keys: Keys = KEYS) -> dict:
     """DeviceLoad per device class, from live heartbeats and the decode streams (dispatcher input)."""
     from .dispatcher import DeviceLoad

@@ -23,7 +23,7 @@ from typing import Any
 
 import redis
 from syshax.broker.dispatcher import Dispatcher
-from syshax.broker.keys import KEYS, Keys
+from syshax.broker.keys import DEVICE_CLASSES, KEYS, Keys
 from syshax.broker.kv_store import KVStore, KVStoreError
 from syshax.broker.schemas import (
     DecodeJob,
@@ -40,11 +40,12 @@ from syshax.broker.worker_io import (
     Heartbeat,
     TokenPublisher,
     WorkQueues,
-    device_loads,
+    decoder_classes,
     live_workers,
 )
 from syshax.shared.sampling import SamplingError, SamplingParams
 
+from . import handoff
 from .metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
@@ -114,6 +115,14 @@ class Worker:
             self.idle_queues = WorkQueues(
                 r, [*streams, keys.prefill_batch_stream], opts.worker_id, keys
             )
+        # The other class's decode stream, read only while that class has no live decoder: a
+        # job handed off while its class's decoders looked dead (a late heartbeat, all of them
+        # killed) would otherwise wait there for nobody.
+        self.stranded: WorkQueues | None = None
+        if "decode" in opts.roles:
+            other = next(c for c in DEVICE_CLASSES if c != opts.device_class)
+            self.stranded = WorkQueues(r, [keys.decode_stream(other)], opts.worker_id, keys)
+            self.stranded.ensure_groups()
         self.publisher = TokenPublisher(r, keys, opts.output_ttl)
         self.cancels = CancelWatcher(r, keys)
         self.heartbeat = Heartbeat(r, opts.worker_id, keys, ttl=opts.heartbeat_ttl)
@@ -129,7 +138,7 @@ class Worker:
     # ---- the loop -----------------------------------------------------------------------
 
     def serve(self, stop: threading.Event, drain_timeout: float = 30.0) -> None:
-        self.heartbeat.beat(**self._load_fields())
+        self.heartbeat.beat(**self.load_fields())
         self.take_back_own()
         while not stop.is_set():
             self.iterate()
@@ -149,7 +158,7 @@ class Worker:
         now = time.monotonic()
         if now >= self._timers["heartbeat"]:
             self._timers["heartbeat"] = now + self.opts.heartbeat_s
-            fields = self._load_fields()
+            fields = self.load_fields()
             self.heartbeat.beat(**fields)
             m = self.metrics
             m.running.set(fields["running"])
@@ -160,10 +169,12 @@ class Worker:
             self._prompt_tokens_seen = self.engine.stats.prompt_tokens
         if now >= self._timers["claim"] and not self.draining:
             self._timers["claim"] = now + self.opts.claim_s
-            live = {w["id"] for w in self._live_workers(force=True)}
+            peers = self.peers(force=True)
+            live = {w["id"] for w in peers}
             for entry in self.idle_queues.claim_orphans(live, self._free_slots()):
                 log.warning("claimed orphaned job %s from a dead worker", entry.entry_id)
                 self._accept(entry)
+            self._rescue_stranded(peers, live)
         if now >= self._timers["sweep"]:
             self._timers["sweep"] = now + self.opts.sweep_s
             self.kv.sweep()
@@ -171,9 +182,30 @@ class Worker:
     def take_back_own(self) -> None:
         """Jobs still pending under our id (an earlier process with this id died, or we lost
         Redis): nobody else claims them while we heartbeat, so resume them here."""
-        for entry in self.idle_queues.own_pending():
+        own = self.idle_queues.own_pending()
+        if self.stranded is not None:
+            own += self.stranded.own_pending()
+        for entry in own:
             log.warning("taking back job %s left pending under our id", entry.entry_id)
             self._accept(entry)  # decode jobs wait in the backlog for a free slot
+
+    def _rescue_stranded(self, peers: list[dict], live: set[str]) -> None:
+        """Decode jobs on the other class's stream while that class has no live decoder:
+        take them (waiting ones, and those of its dead consumers) as if they were ours."""
+        if self.stranded is None or self.draining:
+            return
+        stream = self.stranded.streams[0]
+        if any(c != self.opts.device_class for c in decoder_classes(peers)):
+            return
+        entries = self.stranded.claim_orphans(live, self._free_slots())
+        entries += self.stranded.read(self._free_slots() - len(entries), None)
+        for entry in entries:
+            log.warning(
+                "taking decode job %s stranded on %s (no live decoder there)",
+                entry.entry_id,
+                stream,
+            )
+            self._accept(entry)
 
     def _take(self, free: int, idle: bool) -> list[Entry]:
         """Interactive work first; batch work only with slots to spare; block only when idle."""
@@ -194,7 +226,7 @@ class Worker:
         e = self.engine
         return e.slots.num_slots - e.num_running - len(e.waiting) - len(self.backlog)
 
-    def _load_fields(self) -> dict:
+    def load_fields(self) -> dict:
         e = self.engine
         return {
             "roles": ",".join(sorted(self.opts.roles)),
@@ -208,7 +240,7 @@ class Worker:
             "draining": int(self.draining),
         }
 
-    def _live_workers(self, force: bool = False) -> list[dict]:
+    def peers(self, force: bool = False) -> list[dict]:
         at, cached = self._workers_cache
         if force or time.monotonic() - at > 0.25:
             cached = live_workers(self.r, self.keys)
@@ -342,63 +374,12 @@ class Worker:
                 self._handoff(job)
 
     def _handoff(self, job: Job) -> None:
-        rid = job.request_id
-        seq = self.engine.sequences[rid]
-        remaining = (job.params.max_tokens or self.engine.max_model_len) - len(seq.output_ids)
-        # Our own numbers live, the others' from their heartbeats.
-        me = {**self.heartbeat.static, **{k: str(v) for k, v in self._load_fields().items()}}
-        others = [w for w in self._live_workers() if w.get("id") != self.opts.worker_id]
-        loads = device_loads(self.r, [*others, me], self.keys)
-        decision = self.dispatcher.choose(loads["gpu"], loads["cpu"], remaining)
-        self._record(decision)
+        decision = handoff.decide(self, job)
         if decision.device == self.opts.device_class and "decode" in self.opts.roles:
             job.in_process = True
             return
-        output_ids = list(seq.output_ids)
-        blob = self.engine.export_kv(rid)
-        self.metrics.kv_exports.inc()
-        handle = self.kv.put(
-            blob, self.engine.describe_kv(blob), rid, self._store_for(decision.device)
-        )
-        msg = job.msg
-        decode = DecodeJob(
-            request_id=rid,
-            prompt_ids=msg.prompt_ids,
-            output_ids=output_ids,
-            params=msg.params,
-            kv=handle.__dict__.copy(),
-            model=msg.model,
-            created=msg.created,
-            deadline=msg.deadline,
-            priority=msg.priority,
-        )
-        # One MULTI: the decode job exists if and only if the prefill entry is acked, so a
-        # worker that dies here never leaves both (two decoders) or neither (a lost request).
-        entry = job.entry
-        pipe = self.r.pipeline(transaction=True)
-        pipe.xadd(self.keys.decode_stream(decision.device), {"j": decode.pack()})
-        pipe.xack(entry.stream, self.queues.group, entry.entry_id)
-        pipe.xdel(entry.stream, entry.entry_id)
-        pipe.execute()
-        self.jobs.pop(rid, None)
-
-    def _store_for(self, device_class: str) -> str:
-        if self.opts.kv_store != "auto":
-            return self.opts.kv_store
-        hosts = {
-            w.get("host")
-            for w in self._live_workers()
-            if w.get("device_class") == device_class and "decode" in w.get("roles", "")
-        }
-        return "shm" if hosts <= {self.heartbeat.static["host"]} else "redis"
-
-    def _record(self, decision) -> None:
-        pipe = self.r.pipeline(transaction=False)
-        pipe.lpush(self.keys.dispatch_log, f"{time.time():.3f} {decision.device} {decision.reason}")
-        pipe.ltrim(self.keys.dispatch_log, 0, 99)
-        pipe.incr(self.keys.dispatch_count(decision.device))
-        pipe.execute()
-        self.metrics.dispatch.labels(**self.metrics.labels, device=decision.device).inc()
+        handoff.send(self, job, decision.device)
+        self.jobs.pop(job.request_id, None)
 
     # ---- endings ------------------------------------------------------------------------
 

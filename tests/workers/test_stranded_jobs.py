@@ -1,0 +1,100 @@
+"""A decode job queued for a device class with no live decoder is not left there.
+
+A prefill worker hands off to the gpu stream when no CPU decoder looks alive (its heartbeat
+was late, or it was restarting). Until this was fixed, a CPU decoder that came back never
+looked at that stream, and the request hung until request_timeout. Now a decoder takes the
+other class's decode jobs while that class has nobody decoding.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+import redis
+from syshax.broker.dispatcher import Dispatcher
+from syshax.broker.keys import KEYS
+from syshax.broker.kv_store import KVStore
+from syshax.broker.schemas import PrefillJob, TokenEvent
+from syshax.shared.sampling import SamplingParams
+from syshax.workers.echo_engine import EchoEngine
+from syshax.workers.worker import Worker, WorkerOptions
+
+
+def _worker(url: str, wid: str, roles: set[str], cls: str) -> Worker:
+    opts = WorkerOptions(
+        worker_id=wid,
+        roles=frozenset(roles),
+        device_class=cls,
+        kv_store="redis",
+        block_ms=20,
+        claim_s=0.2,
+    )
+    return Worker(EchoEngine(max_num_seqs=4), redis.Redis.from_url(url), opts, Dispatcher())
+
+
+def _events(r: redis.Redis, rid: str) -> list[TokenEvent]:
+    return [TokenEvent.unpack(f[b"e"]) for _, f in r.xrange(KEYS.output_stream(rid))]
+
+
+def _wait(cond, timeout: float = 10.0) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_a_cpu_decoder_takes_jobs_queued_for_an_xpu_class_with_no_decoder(redis_url):
+    r = redis.Redis.from_url(redis_url)
+    stop = threading.Event()
+    prefill = _worker(redis_url, "xpu", {"prefill"}, "gpu")
+    threads = [threading.Thread(target=prefill.serve, args=(stop, 2.0), daemon=True)]
+    threads[0].start()
+    rid = uuid.uuid4().hex
+    params = SamplingParams(max_tokens=8, temperature=0.0).to_dict()
+    job = PrefillJob(request_id=rid, prompt_ids=list(range(20, 40)), params=params)
+    r.xadd(KEYS.prefill_stream, {"j": job.pack()})
+    try:
+        # No decoder anywhere: the prefill worker publishes the first token and queues the
+        # rest on the gpu stream, where (with this topology) nobody ever decodes.
+        assert _wait(lambda: r.xlen(KEYS.decode_stream("gpu")) == 1)
+        assert [e.seq for e in _events(r, rid)] == [0]
+        assert r.lindex(KEYS.dispatch_log, 0).decode().endswith("no CPU decode worker")
+        decoder = _worker(redis_url, "cpu0", {"decode"}, "cpu")
+        threads.append(threading.Thread(target=decoder.serve, args=(stop, 2.0), daemon=True))
+        threads[1].start()
+        assert _wait(lambda: (_events(r, rid) or [None])[-1].finish_reason is not None)
+        evs = _events(r, rid)
+        assert [e.seq for e in evs] == list(range(8)), "every token once, in order"
+        assert [e.token_id for e in evs] == list(range(20, 28))
+        assert [e.worker for e in evs] == ["xpu"] + ["cpu0"] * 7
+        assert evs[-1].finish_reason == "length"
+        assert _wait(lambda: r.xlen(KEYS.decode_stream("gpu")) == 0), "acked and deleted"
+        assert KVStore(r).stats() == (0, 0), "the KV lease was taken and freed"
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(10)
+
+
+def test_a_decoder_leaves_the_other_class_alone_while_it_has_a_live_decoder(redis_url):
+    r = redis.Redis.from_url(redis_url)
+    stop = threading.Event()
+    # A gpu decoder that is registered and alive but not stepping this stream's jobs
+    # (its loop is not running): its heartbeat alone must keep the CPU decoder out.
+    gpu = _worker(redis_url, "gpu0", {"decode"}, "gpu")
+    gpu.heartbeat.beat(**gpu.load_fields())
+    cpu = _worker(redis_url, "cpu0", {"decode"}, "cpu")
+    thread = threading.Thread(target=cpu.serve, args=(stop, 2.0), daemon=True)
+    thread.start()
+    try:
+        r.xadd(KEYS.decode_stream("gpu"), {"j": b"not a job"})
+        time.sleep(1.0)  # five claim rounds of the CPU decoder
+        assert r.xlen(KEYS.dead_letter_stream) == 0, "the CPU decoder never read it"
+        assert r.xlen(KEYS.decode_stream("gpu")) == 1
+    finally:
+        stop.set()
+        thread.join(10)

@@ -1,0 +1,85 @@
+"""The PD handoff of a worker: where a just-prefilled sequence decodes, and moving it there.
+
+Right after prefill the worker asks the dispatcher with a snapshot of both device classes.
+If the answer is its own class and it decodes too, the sequence stays in its engine. Else
+its KV goes to the KV store (shared memory when every decoder of the target class is on this
+host, Redis otherwise) and a decode job is queued on the target class's stream, in the same
+MULTI that acks the prefill entry.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from syshax.broker.dispatcher import Decision
+from syshax.broker.schemas import DecodeJob
+from syshax.broker.worker_io import device_loads
+
+if TYPE_CHECKING:
+    from .worker import Job, Worker
+
+
+def decide(worker: Worker, job: Job) -> Decision:
+    """Ask the dispatcher (and record its answer) for a sequence just prefilled here."""
+    seq = worker.engine.sequences[job.request_id]
+    remaining = (job.params.max_tokens or worker.engine.max_model_len) - len(seq.output_ids)
+    # Our own numbers live, the others' from their heartbeats.
+    static = worker.heartbeat.static
+    me = {**static, **{k: str(v) for k, v in worker.load_fields().items()}}
+    others = [w for w in worker.peers() if w.get("id") != worker.opts.worker_id]
+    loads = device_loads(worker.r, [*others, me], worker.keys)
+    decision = worker.dispatcher.choose(loads["gpu"], loads["cpu"], remaining)
+    _record(worker, decision)
+    return decision
+
+
+def send(worker: Worker, job: Job, device_class: str) -> None:
+    """Export the sequence's KV and queue its decode job on `device_class`'s stream."""
+    rid = job.request_id
+    engine = worker.engine
+    output_ids = list(engine.sequences[rid].output_ids)
+    blob = engine.export_kv(rid)
+    worker.metrics.kv_exports.inc()
+    handle = worker.kv.put(blob, engine.describe_kv(blob), rid, _store_for(worker, device_class))
+    msg = job.msg
+    decode = DecodeJob(
+        request_id=rid,
+        prompt_ids=msg.prompt_ids,
+        output_ids=output_ids,
+        params=msg.params,
+        kv=handle.__dict__.copy(),
+        model=msg.model,
+        created=msg.created,
+        deadline=msg.deadline,
+        priority=msg.priority,
+    )
+    # One MULTI: the decode job exists if and only if the prefill entry is acked, so a
+    # worker that dies here never leaves both (two decoders) or neither (a lost request).
+    entry = job.entry
+    pipe = worker.r.pipeline(transaction=True)
+    pipe.xadd(worker.keys.decode_stream(device_class), {"j": decode.pack()})
+    pipe.xack(entry.stream, worker.queues.group, entry.entry_id)
+    pipe.xdel(entry.stream, entry.entry_id)
+    pipe.execute()
+
+
+def _store_for(worker: Worker, device_class: str) -> str:
+    if worker.opts.kv_store != "auto":
+        return worker.opts.kv_store
+    hosts = {
+        w.get("host")
+        for w in worker.peers()
+        if w.get("device_class") == device_class and "decode" in w.get("roles", "")
+    }
+    return "shm" if hosts <= {worker.heartbeat.static["host"]} else "redis"
+
+
+def _record(worker: Worker, decision: Decision) -> None:
+    keys = worker.keys
+    pipe = worker.r.pipeline(transaction=False)
+    pipe.lpush(keys.dispatch_log, f"{time.time():.3f} {decision.device} {decision.reason}")
+    pipe.ltrim(keys.dispatch_log, 0, 99)
+    pipe.incr(keys.dispatch_count(decision.device))
+    pipe.execute()
+    worker.metrics.dispatch.labels(**worker.metrics.labels, device=decision.device).inc()
