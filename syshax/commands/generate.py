@@ -80,7 +80,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from syshax.shared import env
     from syshax.shared.sampling import SamplingError, SamplingParams
-    from syshax.workers.engine.engine import Engine
+    from syshax.workers.engine.engine import Engine, freeze_loaded_heap
     from syshax.workers.engine.errors import EngineError
 
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
@@ -111,6 +111,7 @@ def run(args: argparse.Namespace) -> int:
             op_mode=None if op_mode == "none" else op_mode,
             nrc=env.nrc(),
         )
+        freeze_loaded_heap()
         tok = engine.tokenizer
         if args.chat:
             messages = [{"role": "system", "content": args.system}] if args.system else []

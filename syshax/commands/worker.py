@@ -222,6 +222,10 @@ def run(args: argparse.Namespace) -> int:
     except EngineError as exc:
         log.error("%s", exc)
         return 2
+    if args.engine == "model":
+        from syshax.workers.engine.engine import freeze_loaded_heap
+
+        freeze_loaded_heap()  # the engine lives as long as this process
     worker_id = args.id or f"{cls}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:4]}"
     opts = WorkerOptions(
         worker_id=worker_id,

@@ -10,6 +10,7 @@ another engine (another process, device or dtype) to continue decoding there.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import logging
 import time
 from collections import deque
@@ -71,6 +72,16 @@ class EngineStats:
         toks = sum(t for t, _ in self.recent)
         secs = sum(s for _, s in self.recent)
         return toks / secs if secs else 0.0
+
+
+def freeze_loaded_heap() -> None:
+    """Move every object alive now (modules, weights' Python wrappers, the tokenizer) out of
+    the garbage collector's generations, so the collections the decode loop triggers do not
+    walk them: that was 2-4% of a CPU decode step at batch 1. For a process's entry point,
+    once its engine is loaded (as vLLM does); never from library code, because cyclic
+    garbage frozen with it is never freed."""
+    gc.collect()
+    gc.freeze()
 
 
 def resolve_device(device: str) -> torch.device:
