@@ -24,7 +24,7 @@ typedef struct {
     float *xn;              /* [B, kmax] normalised activations */
     sx_act_block *blocks;   /* [B, kmax / 32] */
     float *scales;          /* [B, kmax / 32] */
-    int32_t *sums;          /* [B, kmax / 32] */
+    int32_t *zq;            /* [B, kmax / 32] */
     float *scores;          /* [max_len + 2 head_dim]: attention scores, the new key and value */
 } sx_scratch;
 
@@ -83,7 +83,7 @@ void sx_ctx_free(sx_ctx *c) {
             free(c->ws[t].xn);
             free(c->ws[t].blocks);
             free(c->ws[t].scales);
-            free(c->ws[t].sums);
+            free(c->ws[t].zq);
             free(c->ws[t].scores);
         }
     free(c->ws);
@@ -120,9 +120,9 @@ sx_ctx *sx_ctx_new(const sx_model *m, int max_batch, int n_threads, int nrc) {
         c->ws[t].xn = zalloc(B * c->kmax * 4);
         c->ws[t].blocks = zalloc(B * (c->kmax / SX_QK) * sizeof(sx_act_block));
         c->ws[t].scales = zalloc(B * (c->kmax / SX_QK) * 4);
-        c->ws[t].sums = zalloc(B * (c->kmax / SX_QK) * 4);
+        c->ws[t].zq = zalloc(B * (c->kmax / SX_QK) * 4);
         c->ws[t].scores = zalloc(((size_t)m->max_len + 2 * m->head_dim) * 4);
-        ok = c->ws[t].xn && c->ws[t].blocks && c->ws[t].scales && c->ws[t].sums && c->ws[t].scores;
+        ok = c->ws[t].xn && c->ws[t].blocks && c->ws[t].scales && c->ws[t].zq && c->ws[t].scores;
     }
     if (!ok) {
         sx_ctx_free(c);
@@ -206,7 +206,7 @@ int sx_decode(sx_ctx *c, int n, const int64_t *tokens, const int64_t *positions,
     {
         const int t = sx_thread_num(), nt = sx_num_threads();
         sx_scratch *ws = &c->ws[t < c->nt ? t : 0];
-        sx_act act = {NULL, ws->blocks, ws->scales, ws->sums};
+        sx_act act = {NULL, ws->blocks, ws->scales, ws->zq};
         int r0, r1;
         for (int l = 0; l < m->n_layers; l++) {
             const sx_layer *L = &m->layers[l];

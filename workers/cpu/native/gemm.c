@@ -7,8 +7,8 @@
  * in one vector, already in row order, which is scaled by the 8 rows' weight scales times the
  * activation scale in ONE fused multiply-add: no per-row float work, no horizontal sums.
  *
- * Zero points: Q4_0 nibbles (0..15) are used unsigned and -8 * sum(activations) is added to
- * the block sum; Q8_0 weights are signed, so with VNNI the activations are made unsigned
+ * Zero points: Q4_0 nibbles (0..15) are used unsigned and the block sum starts from
+ * -8 * sum(activations), precomputed per activation block (q4_zero_terms); Q8_0 weights are signed, so with VNNI the activations are made unsigned
  * (+128) and 128 * sum(weights) is subtracted (computed once per tile-block, reused for every
  * activation row); plain AVX2 uses the sign trick instead. Either way the integers are exact.
  *
@@ -44,7 +44,7 @@ static inline __m256i bcast4(const void *p) { /* 4 bytes into every int32 lane *
 
 static inline __attribute__((always_inline)) void tile_q(int type, int C, const uint8_t *w, int nb,
                                                           const sx_act_block *a, const float *ad,
-                                                          const int32_t *as, float *out) {
+                                                          const int32_t *zq, float *out) {
     const size_t tb = type == SX_Q4_0 ? SX_Q4_TILE_BYTES : SX_Q8_TILE_BYTES;
     __m256 acc[MAXC];
     for (int c = 0; c < C; c++) acc[c] = _mm256_setzero_ps();
@@ -68,23 +68,25 @@ static inline __attribute__((always_inline)) void tile_q(int type, int C, const 
         }
         for (int c = 0; c < C; c++) {
             const sx_act_block *ab = a + (size_t)c * nb + b;
-            __m256i s0, s1 = _mm256_setzero_si256();
+            __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
             if (type == SX_Q4_0) {
-                s0 = _mm256_set1_epi32(-8 * as[(size_t)c * nb + b]); /* the zero point */
+                /* Start from the zero point (one broadcast load, see q4_zero_terms). */
 #ifdef SX_VNNI
+                s0 = _mm256_set1_epi32(zq[(size_t)c * nb + b]);
                 for (int k = 0; k < 4; k++) {
                     s0 = dot_us(s0, wq[k], bcast4(ab->qs + 4 * k));
                     s1 = dot_us(s1, wq[k + 4], bcast4(ab->qs + 16 + 4 * k));
                 }
 #else
-                /* maddubs pairs of nibble x int8 are at most 2 * 15 * 127 = 3810, so the 8
-                 * chunks' pairs add up in int16 without overflow (30480): one madd per block. */
-                __m256i p16 = _mm256_setzero_si256();
+                /* Each int16 lane ends at sum over its 16 quants of (w - 8) * a, at most
+                 * 16 * 8 * 127 = 16256 in magnitude, and int16 adds wrap, so accumulating in
+                 * int16 from the zero point is exact: one madd per block, no int32 add. */
+                __m256i p16 = _mm256_set1_epi32(zq[(size_t)c * nb + b]);
                 for (int k = 0; k < 4; k++) {
                     p16 = _mm256_add_epi16(p16, _mm256_maddubs_epi16(wq[k], bcast4(ab->qs + 4 * k)));
                     p16 = _mm256_add_epi16(p16, _mm256_maddubs_epi16(wq[k + 4], bcast4(ab->qs + 16 + 4 * k)));
                 }
-                s1 = _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
+                s0 = _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
 #endif
             } else {
                 s0 = base;
@@ -99,7 +101,12 @@ static inline __attribute__((always_inline)) void tile_q(int type, int C, const 
 #endif
                 }
             }
-            const __m256i s = _mm256_add_epi32(s0, s1); /* lane r: row r's exact block sum */
+            /* lane r: row r's exact block sum */
+#ifdef SX_VNNI
+            const __m256i s = _mm256_add_epi32(s0, s1);
+#else
+            const __m256i s = type == SX_Q4_0 ? s0 : _mm256_add_epi32(s0, s1);
+#endif
             const __m256 scale = _mm256_mul_ps(dw, _mm256_broadcast_ss(ad + (size_t)c * nb + b));
             acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), scale, acc[c]);
         }
@@ -138,10 +145,10 @@ static inline int dot32(const int8_t *w, const int8_t *a) {
 
 static inline __attribute__((always_inline)) void tile_q(int type, int C, const uint8_t *w, int nb,
                                                           const sx_act_block *a, const float *ad,
-                                                          const int32_t *as, float *out) {
+                                                          const int32_t *zq, float *out) {
     const size_t tb = type == SX_Q4_0 ? SX_Q4_TILE_BYTES : SX_Q8_TILE_BYTES;
     float acc[MAXC][SX_TILE] = {{0}};
-    (void)as;
+    (void)zq; /* the scalar rows take the zero point off the weights instead */
     for (int b = 0; b < nb; b++, w += tb)
         for (int r = 0; r < SX_TILE; r++) {
             int8_t v[SX_QK];
@@ -181,7 +188,7 @@ static void gemm_rows_q(const sx_mat *w, int r0, int r1, int n, const sx_act *ac
             int C = 1;
             while (C * 2 <= cmax && C * 2 <= n - c) C *= 2;
             tiles[C - 1](wt, nb, act->blocks + (size_t)c * nb, act->scales + (size_t)c * nb,
-                         act->sums + (size_t)c * nb, out);
+                         act->zq + (size_t)c * nb, out);
             for (int j = 0; j < C; j++)
                 for (int i = 0; i < live; i++)
                     y[(size_t)(c + j) * ys + r + i] = out[8 * j + i] + (w->bias ? w->bias[r + i] : 0.0f);
@@ -265,9 +272,27 @@ void sx_partition(int rows, int t, int nt, int *r0, int *r1) {
     *r1 = b < rows ? b : rows;
 }
 
+/* Q4_0's zero point per activation block, -8 x the sum of its quants, in the form tile_q adds
+ * it: one int32 (VNNI), or on plain AVX2 two int16 halves, -8 x the quants that land in the even
+ * and in the odd int16 lanes of VPMADDUBSW (positions 0-1 and 2-3 of every group of 4), from
+ * which the int16 accumulation starts. Computed once per activation row, used by every tile. */
+static void q4_zero_terms(const sx_act_block *blocks, int count, int32_t *zq) {
+    for (int i = 0; i < count; i++) {
+#if defined(SX_AVX2) && !defined(SX_VNNI)
+        int32_t even = 0, odd = 0;
+        for (int j = 0; j < SX_QK; j++) *((j & 2) ? &odd : &even) += blocks[i].qs[j];
+        zq[i] = (int32_t)((uint32_t)(uint16_t)(-8 * even) | ((uint32_t)(uint16_t)(-8 * odd) << 16));
+#else
+        zq[i] *= -8; /* it held the plain sum */
+#endif
+    }
+}
+
 void sx_act_prepare(const sx_mat *w, const float *x, int n, sx_act *act) {
     act->x = x;
-    if (w->type != SX_F32) sx_quantize_act(x, n, w->cols, act->blocks, act->scales, act->sums);
+    if (w->type == SX_F32) return;
+    sx_quantize_act(x, n, w->cols, act->blocks, act->scales, act->zq);
+    if (w->type == SX_Q4_0) q4_zero_terms(act->blocks, n * (w->cols / SX_QK), act->zq);
 }
 
 void sx_gemm(const sx_mat *w, int n, const float *x, float *y, int n_threads, int nrc) {
@@ -276,7 +301,7 @@ void sx_gemm(const sx_mat *w, int n, const float *x, float *y, int n_threads, in
     if (w->type != SX_F32) {
         act.blocks = (sx_act_block *)malloc((size_t)n * nb * sizeof(sx_act_block) + 32);
         act.scales = (float *)malloc((size_t)n * nb * sizeof(float) + 4);
-        act.sums = (int32_t *)malloc((size_t)n * nb * sizeof(int32_t) + 4);
+        act.zq = (int32_t *)malloc((size_t)n * nb * sizeof(int32_t) + 4);
     }
     sx_act_prepare(w, x, n, &act);
 #pragma omp parallel num_threads(n_threads < 1 ? 1 : n_threads)
@@ -287,7 +312,7 @@ void sx_gemm(const sx_mat *w, int n, const float *x, float *y, int n_threads, in
     }
     free(act.blocks);
     free(act.scales);
-    free(act.sums);
+    free(act.zq);
 }
 
 void sx_pack(int type, const void *rowmajor, int rows, int cols, void *packed, int n_threads, int paired) {

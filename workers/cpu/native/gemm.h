@@ -19,7 +19,7 @@ typedef struct {
     const float *x;
     sx_act_block *blocks;
     float *scales;
-    int32_t *sums;
+    int32_t *zq; /* per block: Q4_0's zero-point term, in the form the tiles add it */
 } sx_act;
 
 /* Pack tiles [t0, t1) of a GGML row-major matrix (quant.c). */
