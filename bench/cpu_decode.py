@@ -149,7 +149,7 @@ def simd_info() -> dict[str, str]:
         text = llama_cpp.llama_print_system_info().decode()
         cpu = next((part for part in text.split("CPU :")[1:2]), "").strip(" |\n")
         out["llama_cpp_cpu"] = " ".join(cpu.replace(" = 1", "").split(" | ")) or text.strip()
-    except (ImportError, AttributeError):
+    except (ImportError, OSError, RuntimeError, AttributeError):  # not installed, or no libraries
         pass
     return out
 
@@ -347,26 +347,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    threads = torch.get_num_threads()
     src = args.model or default_model_path()
     want = "transformers" not in args.skip
     pargs = argparse.Namespace(**{**vars(args), "batches": args.batches + (args.transformers_batches if want else [])})  # fmt: skip
-    prompts = engine_bench.make_prompts(pargs, src)
-    info = engine_bench.machine() | {"model": src.name, "threads": threads, "skipped": []}
+    threads, prompts, info = engine_bench.setup(args, src, pargs)
     info["bandwidth_gbs"] = bandwidth_gbs(args.bandwidth_mb)
-    info.update(simd_info())
     print(f"# memory bandwidth: {info['bandwidth_gbs']:.1f} GB/s ({threads} threads)", flush=True)
-    try:
-        import llama_cpp  # noqa: F401
-    except ImportError as exc:
-        if "llama.cpp" not in args.skip:
-            args.skip.append("llama.cpp")
-            info["skipped"].append(
-                f"llama.cpp: llama_cpp is not importable ({exc}). Install it with "
-                "`pip install llama-cpp-python==0.3.36`."
-            )
+    if "llama.cpp" not in args.skip and not engine_bench.llama_importable(info):
+        args.skip.append("llama.cpp")
+    info.update(simd_info())
     jobs: list[tuple[str, str, Callable[[], DecodeRow]]] = []
     info["limits"] = {}
     for fmt in args.formats:

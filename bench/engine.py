@@ -369,31 +369,44 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
+def setup(args: argparse.Namespace, path: Path, prompt_args: argparse.Namespace | None = None) -> tuple[int, list[list[int]], dict[str, Any]]:  # fmt: skip
+    """What every engine benchmark starts with: the thread count (--threads, else torch's), the
+    prompts every engine gets, and the machine description."""
     if args.threads:
         torch.set_num_threads(args.threads)
     threads = torch.get_num_threads()
-    path = args.model or default_model_path()
-    prompts = make_prompts(args, path)
+    prompts = make_prompts(prompt_args or args, path)
     info = machine() | {"model": path.name, "threads": threads, "skipped": []}
+    return threads, prompts, info
+
+
+def llama_importable(info: dict[str, Any]) -> bool:
+    """Whether llama-cpp-python imports; if not, why goes into info["skipped"]. RuntimeError:
+    its libraries did not load (a wrong LLAMA_CPP_LIB_PATH, see bench/llama_native.sh)."""
+    try:
+        import llama_cpp  # noqa: F401
+    except (ImportError, OSError, RuntimeError) as exc:
+        info["skipped"].append(
+            f"llama.cpp: llama_cpp is not importable ({exc}). Install it with "
+            "`pip install llama-cpp-python==0.3.36` (or a prebuilt wheel of that version)."
+        )
+        return False
+    return True
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    path = args.model or default_model_path()
+    threads, prompts, info = setup(args, path)
     jobs: list[tuple[str, Callable[[], Row]]] = []
     for dt in args.dtypes:
         if "ours" not in args.skip:
             jobs.append((f"ours {dt}", lambda dt=dt: bench_ours(args, path, prompts, dt)))
         if "transformers" not in args.skip:
             jobs.append((f"transformers {dt}", lambda dt=dt: bench_transformers(args, path, prompts, dt)))  # fmt: skip
-    if "llama.cpp" not in args.skip:
-        try:
-            import llama_cpp  # noqa: F401
-
-            gguf = args.llama_gguf or path
-            jobs.append(("llama.cpp", lambda: bench_llama(args, gguf, prompts, threads)))
-        except ImportError as exc:
-            info["skipped"].append(
-                f"llama.cpp: llama_cpp is not importable ({exc}). Install it with "
-                "`pip install llama-cpp-python==0.3.36` (or a prebuilt wheel of that version)."
-            )
+    if "llama.cpp" not in args.skip and llama_importable(info):
+        gguf = args.llama_gguf or path
+        jobs.append(("llama.cpp", lambda: bench_llama(args, gguf, prompts, threads)))
     rows: list[Row] = []
     for name, job in jobs:
         print(f"# running {name} ...", file=sys.stderr, flush=True)

@@ -33,10 +33,19 @@ def test_weight_quantization_is_bit_exact_with_gguf(ours, theirs):
     assert np.array_equal(back.numpy(), gguf.quants.dequantize(expected, theirs))
 
 
+def _quantize_act(x: torch.Tensor, variant: str = "native"):
+    """(int8 quants [n, k], scales, sums) of lib.quantize_act, after checking that the unsigned
+    copy the VNNI kernels read is the signed quants + 128."""
+    blocks, scales, sums = lib.quantize_act(x, variant)
+    signed, unsigned = blocks[..., :32], blocks[..., 32:]
+    assert torch.equal(unsigned, signed ^ 0x80)
+    return signed.contiguous().view(torch.int8).reshape(x.shape), scales, sums
+
+
 def test_activation_quantization_matches_torch_reference():
     x = torch.randn(7, 128) * 3
     x[0, :32] = 0.0
-    qs, scales, sums = lib.quantize_act(x)
+    qs, scales, sums = _quantize_act(x)
     blocks = x.view(7, 4, 32)
     d = blocks.abs().amax(-1) / 127
     inv = torch.where(d == 0, torch.zeros_like(d), 1.0 / d)
@@ -56,7 +65,7 @@ def _mat(qtype: int, w: torch.Tensor) -> lib.SxMat:
 def _reference(mat_type: int, blocks: torch.Tensor, x: torch.Tensor, cols: int) -> torch.Tensor:
     """Exact (float64) product of the dequantized weights and the dequantized activations."""
     w = lib.dequantize(blocks, mat_type, cols).double()
-    qs, scales, _ = lib.quantize_act(x)
+    qs, scales, _ = _quantize_act(x)
     xq = (qs.double().view(x.shape[0], -1, 32) * scales.double()[..., None]).view(x.shape)
     return xq @ w.T
 
@@ -123,7 +132,7 @@ def test_portable_build_computes_the_same_bits(qtype):
     mat = _mat(qtype, w)
     x = torch.randn(5, 128)
     assert torch.equal(lib.gemm(mat, x, threads=1, variant="portable"), lib.gemm(mat, x, threads=1))
-    portable, native = lib.quantize_act(x, variant="portable"), lib.quantize_act(x)
+    portable, native = _quantize_act(x, variant="portable"), _quantize_act(x)
     for ours, theirs in zip(portable, native, strict=True):
         assert torch.equal(ours, theirs)
 
