@@ -3,7 +3,7 @@
 The loop (vLLM v1's busy loop with Redis around it, never inside the model):
     cancels -> take work (bounded by free slots) -> one engine step for the whole batch
     -> publish the step's tokens in one pipeline -> hand off sequences just prefilled
-    -> heartbeat / claim orphaned jobs / sweep expired KV leases (on timers).
+    -> heartbeat / claim orphaned jobs / sweep expired KV leases (on timers, upkeep.py).
 
 A prefill publishes the first token itself, then asks the dispatcher where to decode. If
 the answer is this worker's own device class and it decodes too, the sequence simply stays
@@ -40,12 +40,11 @@ from syshax.broker.worker_io import (
     Heartbeat,
     TokenPublisher,
     WorkQueues,
-    decoder_classes,
     live_workers,
 )
 from syshax.shared.sampling import SamplingError, SamplingParams
 
-from . import handoff
+from . import handoff, upkeep
 from .metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
@@ -117,11 +116,13 @@ class Worker:
             )
         # The other class's decode stream, read only while that class has no live decoder: a
         # job handed off while its class's decoders looked dead (a late heartbeat, all of them
-        # killed) would otherwise wait there for nobody.
+        # killed) would otherwise wait there for nobody (upkeep.rescue_stranded).
         self.stranded: WorkQueues | None = None
+        self.other_class = next(c for c in DEVICE_CLASSES if c != opts.device_class)
         if "decode" in opts.roles:
-            other = next(c for c in DEVICE_CLASSES if c != opts.device_class)
-            self.stranded = WorkQueues(r, [keys.decode_stream(other)], opts.worker_id, keys)
+            self.stranded = WorkQueues(
+                r, [keys.decode_stream(self.other_class)], opts.worker_id, keys
+            )
             self.stranded.ensure_groups()
         self.publisher = TokenPublisher(r, keys, opts.output_ttl)
         self.cancels = CancelWatcher(r, keys)
@@ -130,16 +131,16 @@ class Worker:
         self.jobs: dict[str, Job] = {}
         self.backlog: deque[Job] = deque()  # decode jobs waiting for a free slot
         self.draining = False
-        self._prompt_tokens_seen = 0
+        self.prompt_tokens_seen = 0
         self._last_poll = 0.0
-        self._timers = {"heartbeat": 0.0, "claim": 0.0, "sweep": 0.0}
+        self.timers = {"heartbeat": 0.0, "claim": 0.0, "sweep": 0.0}
         self._workers_cache: tuple[float, list[dict]] = (0.0, [])
 
     # ---- the loop -----------------------------------------------------------------------
 
     def serve(self, stop: threading.Event, drain_timeout: float = 30.0) -> None:
         self.heartbeat.beat(**self.load_fields())
-        self.take_back_own()
+        upkeep.take_back_own(self)
         while not stop.is_set():
             self.iterate()
         self.drain(drain_timeout)
@@ -149,63 +150,13 @@ class Worker:
         self._cancel(self.cancels.poll())
         idle = not self.engine.has_unfinished() and not self.backlog
         if not self.draining:
-            for entry in self._take(self._free_slots(), idle):
-                self._accept(entry)
+            for entry in self._take(self.free_slots(), idle):
+                self.accept(entry)
         self._start_backlog()
         self._expire()
         if self.engine.has_unfinished():
             self._step()
-        now = time.monotonic()
-        if now >= self._timers["heartbeat"]:
-            self._timers["heartbeat"] = now + self.opts.heartbeat_s
-            fields = self.load_fields()
-            self.heartbeat.beat(**fields)
-            m = self.metrics
-            m.running.set(fields["running"])
-            m.waiting.set(fields["waiting"])
-            m.capacity.set(fields["capacity"])
-            m.decode_tps.set(fields["decode_tps"])
-            m.prompt_tokens.inc(self.engine.stats.prompt_tokens - self._prompt_tokens_seen)
-            self._prompt_tokens_seen = self.engine.stats.prompt_tokens
-        if now >= self._timers["claim"] and not self.draining:
-            self._timers["claim"] = now + self.opts.claim_s
-            peers = self.peers(force=True)
-            live = {w["id"] for w in peers}
-            for entry in self.idle_queues.claim_orphans(live, self._free_slots()):
-                log.warning("claimed orphaned job %s from a dead worker", entry.entry_id)
-                self._accept(entry)
-            self._rescue_stranded(peers, live)
-        if now >= self._timers["sweep"]:
-            self._timers["sweep"] = now + self.opts.sweep_s
-            self.kv.sweep()
-
-    def take_back_own(self) -> None:
-        """Jobs still pending under our id (an earlier process with this id died, or we lost
-        Redis): nobody else claims them while we heartbeat, so resume them here."""
-        own = self.idle_queues.own_pending()
-        if self.stranded is not None:
-            own += self.stranded.own_pending()
-        for entry in own:
-            log.warning("taking back job %s left pending under our id", entry.entry_id)
-            self._accept(entry)  # decode jobs wait in the backlog for a free slot
-
-    def _rescue_stranded(self, peers: list[dict], live: set[str]) -> None:
-        """Decode jobs on the other class's stream while that class has no live decoder:
-        take them (waiting ones, and those of its dead consumers) as if they were ours."""
-        if self.stranded is None or self.draining:
-            return
-        stream = self.stranded.streams[0]
-        if any(c != self.opts.device_class for c in decoder_classes(peers)):
-            return
-        entries = self.stranded.claim_orphans(live, self._free_slots())
-        entries += self.stranded.read(self._free_slots() - len(entries), None)
-        for entry in entries:
-            log.warning(
-                "taking decode job %s stranded on %s (no live decoder there)",
-                entry.entry_id,
-                stream,
-            )
-            self._accept(entry)
+        upkeep.on_timers(self, time.monotonic())
 
     def _take(self, free: int, idle: bool) -> list[Entry]:
         """Interactive work first; batch work only with slots to spare; block only when idle."""
@@ -222,7 +173,7 @@ class Worker:
             entries = self.idle_queues.read(free, self.opts.block_ms)
         return entries
 
-    def _free_slots(self) -> int:
+    def free_slots(self) -> int:
         e = self.engine
         return e.slots.num_slots - e.num_running - len(e.waiting) - len(self.backlog)
 
@@ -249,7 +200,7 @@ class Worker:
 
     # ---- taking work --------------------------------------------------------------------
 
-    def _accept(self, entry: Entry) -> None:
+    def accept(self, entry: Entry) -> None:
         if entry.data is None:
             self.queues.ack(entry)
             return
