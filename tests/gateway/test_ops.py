@@ -12,6 +12,8 @@ import time
 
 import httpx
 
+from ..conftest import wait_for
+
 MESSAGES = [{"role": "user", "content": "Hello there"}]
 
 
@@ -31,15 +33,6 @@ def read_events(response: httpx.Response, limit: int | None = None) -> list[dict
     if current:
         events.append(current)
     return events
-
-
-def wait_for(predicate, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 def content_of(events: list[dict[str, str]]) -> str:

@@ -21,6 +21,8 @@ from syshax.shared.sampling import SamplingParams
 from syshax.workers.echo_engine import EchoEngine
 from syshax.workers.worker import Worker, WorkerOptions
 
+from ..conftest import wait_for
+
 
 def _worker(url: str, wid: str, roles: set[str], cls: str) -> Worker:
     opts = WorkerOptions(
@@ -38,15 +40,6 @@ def _events(r: redis.Redis, rid: str) -> list[TokenEvent]:
     return [TokenEvent.unpack(f[b"e"]) for _, f in r.xrange(KEYS.output_stream(rid))]
 
 
-def _wait(cond, timeout: float = 10.0) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.02)
-    return False
-
-
 def test_a_cpu_decoder_takes_jobs_queued_for_an_xpu_class_with_no_decoder(redis_url):
     r = redis.Redis.from_url(redis_url)
     stop = threading.Event()
@@ -60,19 +53,19 @@ def test_a_cpu_decoder_takes_jobs_queued_for_an_xpu_class_with_no_decoder(redis_
     try:
         # No decoder anywhere: the prefill worker publishes the first token and queues the
         # rest on the gpu stream, where (with this topology) nobody ever decodes.
-        assert _wait(lambda: r.xlen(KEYS.decode_stream("gpu")) == 1)
+        assert wait_for(lambda: r.xlen(KEYS.decode_stream("gpu")) == 1, 10)
         assert [e.seq for e in _events(r, rid)] == [0]
         assert r.lindex(KEYS.dispatch_log, 0).decode().endswith("no CPU decode worker")
         decoder = _worker(redis_url, "cpu0", {"decode"}, "cpu")
         threads.append(threading.Thread(target=decoder.serve, args=(stop, 2.0), daemon=True))
         threads[1].start()
-        assert _wait(lambda: (_events(r, rid) or [None])[-1].finish_reason is not None)
+        assert wait_for(lambda: (_events(r, rid) or [None])[-1].finish_reason is not None, 10)
         evs = _events(r, rid)
         assert [e.seq for e in evs] == list(range(8)), "every token once, in order"
         assert [e.token_id for e in evs] == list(range(20, 28))
         assert [e.worker for e in evs] == ["xpu"] + ["cpu0"] * 7
         assert evs[-1].finish_reason == "length"
-        assert _wait(lambda: r.xlen(KEYS.decode_stream("gpu")) == 0), "acked and deleted"
+        assert wait_for(lambda: r.xlen(KEYS.decode_stream("gpu")) == 0, 10), "acked and deleted"
         assert KVStore(r).stats() == (0, 0), "the KV lease was taken and freed"
     finally:
         stop.set()
