@@ -53,6 +53,8 @@ FORMATS: dict[str, tuple[str | None, str | None, float]] = {
     "q4_0": ("Q4_0", "q4_0", 18 / 32),
     "q8_0": ("Q8_0", "q8_0", 34 / 32),
     "f32": (None, None, 4.0),
+    # The file's own blocks, whatever they are (the CPU default for a GGUF): --shape runs
+    "stored": (None, "stored", 0.0),
 }
 ENGINES = {"torch", "fused", "llama.cpp", "transformers"}
 ALIASES = {"llama": "llama.cpp", "llamacpp": "llama.cpp", "tf": "transformers", "pytorch": "torch"}  # fmt: skip
@@ -83,8 +85,12 @@ def engine_weight_bytes(model: torch.nn.Module) -> int:
         if buf is not None and buf.data_ptr() not in seen:
             seen.add(buf.data_ptr())
             total += buf.numel() * buf.element_size()
-    emb = model.embed_tokens.weight
-    return total + emb.shape[1] * emb.element_size()
+    from syshax.workers.cpu.quantized import QuantEmbedding
+
+    emb = model.embed_tokens
+    if isinstance(emb, QuantEmbedding):  # one row of the stored table
+        return total + emb.table.shape[1]
+    return total + emb.weight.shape[1] * emb.weight.element_size()
 
 
 def gguf_weight_bytes(path: Path, fmt: str) -> int:
@@ -334,6 +340,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--json", type=Path, help="write every figure (machine, arguments, bandwidth, limits, rows) to this JSON file")  # fmt: skip
     add("--plot", type=Path, help="draw decode tok/s vs batch for every row plus the bandwidth limits to this PNG (needs matplotlib)")  # fmt: skip
     add("--verbose", action="store_true", help="show llama.cpp's log and transformers' progress bars")  # fmt: skip
+    add("--shape", choices=["1b", "3b", "8b", "qwen7b"], help="instead of SmolLM2: a random-weight GGUF of a public model's shape (bench/gguf_shapes.py), ours vs llama.cpp, each in its own process (load time, peak RSS, prefill, decode)")  # fmt: skip
+    add("--shape-types", type=lambda s: [x.strip().upper() for x in s.split(",")], default=["Q4_0", "Q8_0", "Q4_K_M"], help="llama.cpp quantizations for --shape (default Q4_0,Q8_0,Q4_K_M)")  # fmt: skip
     args = p.parse_args(argv)
     args.skip = [ALIASES.get(s, s) for s in args.skip]
     if args.new_tokens < 2 or args.prompt_tokens < 1 or min(args.batches + args.transformers_batches, default=0) < 1:  # fmt: skip
@@ -347,6 +355,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.shape:
+        import cpu_shapes
+
+        if args.batches == [1, 4, 8, 16]:
+            args.batches = [1, 4, 16]
+        cpu_shapes.run(args)
+        return
     src = args.model or default_model_path()
     want = "transformers" not in args.skip
     pargs = argparse.Namespace(**{**vars(args), "batches": args.batches + (args.transformers_batches if want else [])})  # fmt: skip

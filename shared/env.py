@@ -70,8 +70,10 @@ def config_path() -> Path | None:
 
 
 def inference_op_mode() -> str | None:
-    """INFERENCE_OP_MODE: 'fused' runs the CPU worker's fused kernels; None/unset = plain ops."""
-    return _choice("INFERENCE_OP_MODE", ("fused",), none_words=("none",))
+    """INFERENCE_OP_MODE: 'fused' runs each decode step in one native call, 'none' (or 'None')
+    keeps PyTorch ops; unset (None) = the default rule (fused when the weights are native
+    blocks, see workers/cpu/options.py)."""
+    return _choice("INFERENCE_OP_MODE", ("fused", "none"))
 
 
 def omp_num_threads() -> int | None:
@@ -88,8 +90,10 @@ def custom_cpu_affinity() -> str | None:
 
 
 def quantize() -> str | None:
-    """SYSHAX_QUANTIZE: q8_0 or q4_0 quantizes CPU decode weights (GGML block formats)."""
-    return _choice("SYSHAX_QUANTIZE", ("q8_0", "q4_0"), none_words=("none",))
+    """SYSHAX_QUANTIZE: q8_0 or q4_0 (re)quantizes a CPU worker's weights to that GGML block
+    format; 'none' keeps float PyTorch weights; unset (None) = the default rule (a GGUF's own
+    blocks as stored, see workers/cpu/options.py)."""
+    return _choice("SYSHAX_QUANTIZE", ("q8_0", "q4_0", "none"))
 
 
 def nrc() -> int | None:

@@ -90,6 +90,26 @@ class _Cursor:
         # Vocabularies are UTF-8; a stray invalid byte must not make the whole file unreadable.
         return raw.decode("utf-8", errors="replace")
 
+    def _strings(self, count: int) -> list[str]:
+        """An array of strings (a vocabulary, its merges: ~100k items): the loop of `string`
+        with its lookups hoisted, 3-4x faster, same checks and result."""
+        buf, pos, end, unpack = self.buf, self.pos, len(self.buf), struct.unpack_from
+        out = []
+        append = out.append
+        for _ in range(count):
+            if pos + 8 > end:
+                self.pos = pos
+                self._need(8)
+            (n,) = unpack("<Q", buf, pos)
+            pos += 8
+            if pos + n > end:
+                self.pos = pos
+                self._need(n)
+            append(bytes(buf[pos : pos + n]).decode("utf-8", errors="replace"))
+            pos += n
+        self.pos = pos
+        return out
+
     def value(self, vtype: int) -> Any:
         if vtype in _SCALAR:
             return self.unpack(*_SCALAR[vtype])
@@ -105,6 +125,8 @@ class _Cursor:
                 items = struct.unpack_from(f"<{count}{fmt}", self.buf, self.pos)
                 self.pos += count * width
                 return list(items)
+            if itype == _STRING:
+                return self._strings(count)
             return [self.value(itype) for _ in range(count)]
         raise GGUFError(f"{self.path}: unknown GGUF metadata value type {vtype} at byte {self.pos}")
 

@@ -126,11 +126,20 @@ def farm(tmp_path_factory, redis_server):
 
 @pytest.fixture(scope="module")
 def reference():
-    """Greedy output of one undisturbed engine (no farm), the text PD must reproduce."""
+    """Greedy output of one undisturbed engine (no farm), the text PD must reproduce; with the
+    farm's workers' weights: on this GPU-less host both run the CPU default rule (the GGUF's
+    own blocks, the fused step)."""
     from syshax.shared.sampling import SamplingParams
     from syshax.workers.engine.engine import Engine
 
-    eng = Engine(None, max_model_len=MAX_LEN, max_num_seqs=1, progress=False)
+    eng = Engine(
+        None,
+        max_model_len=MAX_LEN,
+        max_num_seqs=1,
+        progress=False,
+        quantize="stored",
+        op_mode="fused",
+    )
 
     def run(messages, max_tokens: int) -> tuple[str, list[int]]:
         ids = eng.tokenizer.encode_chat(messages)

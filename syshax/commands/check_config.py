@@ -36,6 +36,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"model: {cfg.model} -> {cfg.model_path()} (served as {cfg.model_id})")
     except FileNotFoundError:
         print(f"model: {cfg.model} -> not found (served as {cfg.model_id})")
+    kernels = _cpu_kernels_line(cfg)
+    if kernels:
+        print(kernels)
     if cfg.redis.url:
         print(f"redis: {redact_url(cfg.redis.url)}")
     else:
@@ -67,3 +70,24 @@ def _cpu_worker_problems(cfg) -> list[str]:
     except (env.EnvError, AffinityError) as exc:
         return [f"environment: {exc}"]
     return []
+
+
+def _cpu_kernels_line(cfg) -> str | None:
+    """What a CPU worker will run, by the default rule (workers/cpu/options.py), or None when
+    the environment is invalid or the model is missing (reported as problems elsewhere)."""
+    from syshax.workers.cpu.options import resolve_kernels
+    from syshax.workers.engine.errors import EngineError
+
+    try:
+        quantize, op_mode = resolve_kernels(
+            env.quantize(), env.inference_op_mode(), cfg.model_path(), "cpu"
+        )
+    except (env.EnvError, EngineError, FileNotFoundError):
+        return None
+    weights = {
+        None: "float PyTorch weights",
+        "stored": "the GGUF's own blocks as stored (native kernels)",
+    }.get(quantize, f"requantized to {quantize} (native kernels)")
+    step = "fused native decode step" if op_mode == "fused" else "PyTorch ops"
+    why = "" if env.quantize() or env.inference_op_mode() else " (the default for this model)"
+    return f"cpu workers: {weights}, {step}{why}; SYSHAX_QUANTIZE / INFERENCE_OP_MODE override"

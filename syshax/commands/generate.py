@@ -58,15 +58,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--quantize",
         choices=("q8_0", "q4_0", "none"),
         default=None,
-        help="quantize the weights for the CPU kernels (GGML block formats; default: "
-        "$SYSHAX_QUANTIZE, else none)",
+        help="weights for the CPU kernels: q8_0/q4_0 (re)quantize to that GGML block format, "
+        "none keeps float PyTorch weights (default: $SYSHAX_QUANTIZE, else a GGUF's own blocks "
+        "as stored, an HF folder's float weights)",
     )
     p.add_argument(
         "--op-mode",
         choices=("fused", "none"),
         default=None,
         help="fused = the whole decode step in native code; none = PyTorch ops "
-        "(default: $INFERENCE_OP_MODE, else none)",
+        "(default: $INFERENCE_OP_MODE, else fused when the weights are GGML blocks)",
     )
     p.add_argument(
         "--threads",
@@ -85,8 +86,14 @@ def run(args: argparse.Namespace) -> int:
 
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     try:
-        quantize = args.quantize or env.quantize()
-        op_mode = args.op_mode or env.inference_op_mode()
+        from syshax.workers.cpu.options import resolve_kernels
+
+        quantize, op_mode = resolve_kernels(
+            args.quantize or env.quantize(),
+            args.op_mode or env.inference_op_mode(),
+            args.model,
+            args.device,
+        )
         threads = args.threads or env.omp_num_threads()
         if threads:
             import torch
@@ -107,8 +114,8 @@ def run(args: argparse.Namespace) -> int:
             max_model_len=args.max_model_len,
             max_num_seqs=1,
             progress=not args.no_progress,
-            quantize=None if quantize == "none" else quantize,
-            op_mode=None if op_mode == "none" else op_mode,
+            quantize=quantize,
+            op_mode=op_mode,
             nrc=env.nrc(),
         )
         freeze_loaded_heap()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import signal
@@ -139,14 +140,19 @@ def _build_engine(args, cfg, device: str, slots: int, kernels=None):
     )
 
 
-def _cpu_kernel_options(cls: str, device: str, threads: int, engine: str):
-    """SYSHAX_QUANTIZE / INFERENCE_OP_MODE / NRC / CUSTOM_CPU_AFFINITY for a CPU decode worker
-    (checked before loading); None for other workers, which ignore them."""
-    if cls != "cpu" or device != "cpu" or engine != "model":
+def _cpu_kernel_options(cls: str, device: str, threads: int, engine: str, model):
+    """The native kernels' options for a model worker on a CPU device, checked before loading
+    and resolved by the default rule (workers/cpu/options.py: a GGUF runs its own blocks with
+    the fused step); None for GPU and echo workers. CUSTOM_CPU_AFFINITY pins CPU-class
+    workers only (an xPU-role worker on a CPU-only host shares the cores unpinned)."""
+    if device != "cpu" or engine != "model":
         return None
     from syshax.workers.cpu.options import from_env
 
-    return from_env(threads)
+    opts = from_env(threads)
+    if cls != "cpu":
+        opts = dataclasses.replace(opts, cpus=None)
+    return opts.resolved(model, device)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -174,6 +180,7 @@ def run(args: argparse.Namespace) -> int:
     from syshax.shared import env
     from syshax.shared.env import EnvError
     from syshax.workers.cpu.affinity import AffinityError
+    from syshax.workers.engine.errors import EngineError
 
     try:
         threads = (
@@ -181,8 +188,8 @@ def run(args: argparse.Namespace) -> int:
             or (env.omp_num_threads() if cls == "cpu" else None)
             or resolve_threads(cfg.gpu.threads if cls == "gpu" else cfg.cpu.threads)
         )
-        kernels = _cpu_kernel_options(cls, device, threads, args.engine)
-    except (EnvError, AffinityError) as exc:
+        kernels = _cpu_kernel_options(cls, device, threads, args.engine, args.model or cfg.model)
+    except (EnvError, AffinityError, EngineError) as exc:
         log.error("%s", exc)
         return 2
     if device == "cpu" and args.engine == "model":
@@ -215,8 +222,6 @@ def run(args: argparse.Namespace) -> int:
             "no Redis URL: pass --redis-url or set redis.url (syshax run starts an embedded one)"
         )
         return 2
-    from syshax.workers.engine.errors import EngineError
-
     try:
         engine = _build_engine(args, cfg, device, slots, kernels)
     except EngineError as exc:

@@ -295,8 +295,10 @@ def test_env_readers(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (env.quantize(), env.nrc(), env.omp_num_threads()) == ("q4_0", 8, 2)
     assert env.custom_cpu_affinity() == "0-30:2,32-62:2"  # raw: parsed by the CPU worker
     assert env.config_path() == Path.home() / "x.yaml"
+    # An explicit none is not the same as unset: it turns the CPU default rule off.
     monkeypatch.setenv("INFERENCE_OP_MODE", "None")
-    assert env.inference_op_mode() is None
+    monkeypatch.setenv("SYSHAX_QUANTIZE", "none")
+    assert (env.inference_op_mode(), env.quantize()) == ("none", "none")
     with pytest.raises(AttributeError):
         env.NOT_A_VARIABLE  # noqa: B018
 
@@ -307,7 +309,7 @@ def test_env_readers(monkeypatch: pytest.MonkeyPatch) -> None:
         (
             "INFERENCE_OP_MODE",
             "bogus",
-            "INFERENCE_OP_MODE='bogus' is not valid; allowed values: fused, None or unset",
+            "INFERENCE_OP_MODE='bogus' is not valid; allowed values: fused, none or unset",
         ),  # fmt: skip
         (
             "SYSHAX_QUANTIZE",

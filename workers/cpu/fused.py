@@ -2,9 +2,10 @@
 
 `FusedDecoder` describes the loaded `Transformer` to the kernels once (pointers to its
 weights, norms, rope tables and the engine's KV cache, no copies) and then runs steps. It
-reads the same weights as the PyTorch path: QuantLinear blocks when the model is quantized,
-the float Linear weights otherwise, so both paths produce the same tokens within float
-rounding of the non-GEMM ops (the GEMM code is shared).
+reads the same weights as the PyTorch path: QuantLinear blocks (stacked parts too) when the
+model is quantized, the float Linear weights otherwise, and the embedding table in its stored
+blocks when it is a QuantEmbedding, so both paths produce the same tokens within float
+rounding of the non-GEMM ops (the GEMM and row-dequantization code is shared).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import torch
 from torch import nn
 
 from . import lib
-from .quantized import QuantLinear
+from .quantized import QuantEmbedding, QuantLinear
 
 _ERRORS = {
     -1: "batch size out of range",
@@ -76,6 +77,16 @@ class FusedDecoder:
             keep.append(t)
             return t.data_ptr()
 
+        embed = model.embed_tokens
+        if isinstance(embed, QuantEmbedding):  # rows stay in the file's blocks
+            keep.append(embed.table)
+            embed_args = {
+                "embed": lib.ptr(embed.table),
+                "embed_type": embed.qtype,
+                "embed_row_bytes": embed.table.shape[1],
+            }
+        else:
+            embed_args = {"embed": f32(embed.weight), "embed_type": lib.F32, "embed_row_bytes": 0}
         layers = (lib.SxLayer * c.num_layers)()
         for i, block in enumerate(model.layers):
             attn = block.self_attn
@@ -103,7 +114,7 @@ class FusedDecoder:
             n_slots=cache.num_slots,
             kv_f16=int(cache.k.dtype == torch.float16),
             eps=c.rms_norm_eps,
-            embed=f32(model.embed_tokens.weight),
+            **embed_args,
             final_norm=f32(model.norm.weight),
             lm_head=_mat(model.lm_head, keep),
             rope_cos=f32(model.rope_cos[: cache.max_model_len]),

@@ -14,10 +14,42 @@ import torch
 
 from .build import library_path
 
-F32, Q4_0, Q8_0 = 0, 2, 8
-QTYPES = {"q4_0": Q4_0, "q8_0": Q8_0}
+# ggml's GGMLQuantizationType numbers.
+F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K = 0, 1, 2, 3, 6, 7, 8, 12, 13, 14
+STACK = -1  # SxMat.type of a row-stack of parts (stack_mats)
+QTYPES = {"q4_0": Q4_0, "q8_0": Q8_0}  # what float weights can be quantized to (requantization)
 BLOCK = 32
-BLOCK_BYTES = {Q4_0: 18, Q8_0: 34}
+BLOCK_ELEMS = {
+    F32: 1,
+    F16: 1,
+    Q4_0: 32,
+    Q4_1: 32,
+    Q5_0: 32,
+    Q5_1: 32,
+    Q8_0: 32,
+    Q4_K: 256,
+    Q5_K: 256,
+    Q6_K: 256,
+}
+BLOCK_BYTES = {
+    F32: 4,
+    F16: 2,
+    Q4_0: 18,
+    Q4_1: 20,
+    Q5_0: 22,
+    Q5_1: 24,
+    Q8_0: 34,
+    Q4_K: 144,
+    Q5_K: 176,
+    Q6_K: 210,
+}
+# Weight types the GEMM and the fused step take as stored (packed, no float copy, no
+# requantization); dequantize / dequantize_rows take every type in BLOCK_BYTES.
+NATIVE_TYPES = frozenset({F32, F16, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K})
+# Embedding tables the fused step (sx_model.embed_type) and dequantize_rows read as stored.
+EMBED_TYPES = frozenset(BLOCK_BYTES)
+_NAMES = {F32: "f32", F16: "f16", Q4_0: "q4_0", Q4_1: "q4_1", Q5_0: "q5_0", Q5_1: "q5_1",
+          Q8_0: "q8_0", Q4_K: "q4_k", Q5_K: "q5_k", Q6_K: "q6_k", STACK: "stack"}  # fmt: skip
 ACT_BLOCK_BYTES = 64  # sx_act_block: 32 signed quants + the same as unsigned
 
 
@@ -26,9 +58,10 @@ class SxMat(ctypes.Structure):
         ("type", c_int32),
         ("rows", c_int32),
         ("cols", c_int32),
-        ("pad_", c_int32),
+        ("n_parts", c_int32),
         ("data", c_void_p),
         ("bias", c_void_p),
+        ("parts", c_void_p),  # const SxMat * (stack_mats)
     ]
 
 
@@ -66,6 +99,9 @@ class SxModel(ctypes.Structure):
         ("rope_cos", c_void_p),
         ("rope_sin", c_void_p),
         ("layers", POINTER(SxLayer)),
+        ("embed_type", c_int32),  # F32 (default), F16 or any type in BLOCK_BYTES, as stored
+        ("embed_pad_", c_int32),
+        ("embed_row_bytes", c_int64),  # 0: row_bytes(embed_type, hidden)
     ]
 
 
@@ -74,6 +110,9 @@ _SIGNATURES = {
     "sx_max_threads": (c_int, []),
     "sx_quantize": (None, [c_int, c_void_p, c_int64, c_void_p]),
     "sx_dequantize": (None, [c_int, c_void_p, c_int64, c_void_p]),
+    "sx_dequantize_rows": (None, [c_int, c_void_p, c_int64, c_int, c_void_p, c_int, c_void_p]),
+    "sx_block_elems": (c_int, [c_int]),
+    "sx_row_bytes": (ctypes.c_size_t, [c_int, c_int64]),
     "sx_quantize_act": (None, [c_void_p, c_int, c_int, c_void_p, c_void_p, c_void_p]),
     "sx_packed_bytes": (ctypes.c_size_t, [c_int, c_int, c_int]),
     "sx_pack": (None, [c_int, c_void_p, c_int, c_int, c_void_p, c_int, c_int]),
@@ -107,12 +146,39 @@ def ptr(t: torch.Tensor | None) -> int | None:
     return t.data_ptr()
 
 
+def type_name(qtype: int) -> str:
+    """'q4_k' for Q4_K etc. (ggml's names, lower case); 'type N' for one the kernels lack."""
+    return _NAMES.get(int(qtype), f"type {int(qtype)}")
+
+
+def block_size(qtype: int) -> int:
+    """The column multiple a matrix of `qtype` needs: 256 for K-quants, else 32 (the
+    activations' 8-bit blocks)."""
+    if qtype not in BLOCK_BYTES:
+        raise ValueError(f"unknown weight type {qtype}")
+    return max(BLOCK, BLOCK_ELEMS[qtype])
+
+
+def _check_cols(qtype: int, cols: int) -> None:
+    if qtype in (F32, F16):  # float rows: checked where the activations are blocked
+        return
+    if cols % block_size(qtype):
+        kind = "K-quant super-block" if BLOCK_ELEMS[qtype] == 256 else "block"
+        raise ValueError(
+            f"{cols} columns is not a multiple of the {block_size(qtype)}-weight {kind} "
+            f"(weight type {qtype})"
+        )
+
+
 def row_bytes(qtype: int, cols: int) -> int:
-    return cols * 4 if qtype == F32 else cols // BLOCK * BLOCK_BYTES[qtype]
+    return cols // BLOCK_ELEMS[qtype] * BLOCK_BYTES[qtype]
 
 
 def quantize(x: torch.Tensor, qtype: int, variant: str = "native") -> torch.Tensor:
-    """Float [rows, cols] -> GGML blocks as uint8 [rows, bytes per row] (ggml's reference)."""
+    """Float [rows, cols] -> GGML blocks as uint8 [rows, bytes per row] (ggml's reference;
+    qtype F32, Q4_0 or Q8_0)."""
+    if qtype not in (F32, Q4_0, Q8_0):
+        raise ValueError(f"quantize makes F32, Q4_0 or Q8_0 blocks, not type {qtype}")
     x = x.detach().to(torch.float32).contiguous()
     rows, cols = x.shape
     if cols % BLOCK:
@@ -125,9 +191,46 @@ def quantize(x: torch.Tensor, qtype: int, variant: str = "native") -> torch.Tens
 def dequantize(
     blocks: torch.Tensor, qtype: int, cols: int, variant: str = "native"
 ) -> torch.Tensor:
-    rows = blocks.shape[0]
+    """GGML row-major blocks (any type in BLOCK_BYTES) -> float32 [rows, cols], bit for bit
+    gguf-py's dequantize."""
+    if cols % BLOCK_ELEMS[qtype]:
+        raise ValueError(f"{cols} columns is not a multiple of type {qtype}'s block")
+    blocks = blocks.contiguous()
+    rows = blocks.numel() * BLOCK_ELEMS[qtype] // BLOCK_BYTES[qtype] // cols
     out = torch.empty((rows, cols), dtype=torch.float32)
-    load(variant).sx_dequantize(qtype, ptr(blocks.contiguous()), rows * cols, ptr(out))
+    load(variant).sx_dequantize(qtype, ptr(blocks), rows * cols, ptr(out))
+    return out
+
+
+def dequantize_rows(table, qtype: int, cols: int, row_ids, variant: str = "native") -> torch.Tensor:
+    """float32 [len(row_ids), cols]: rows `row_ids` of a row-major table of `qtype` (a torch
+    tensor or a numpy array, e.g. a memmap of a GGUF tensor, of shape [rows, ...] whose rows are
+    each contiguous): only those rows are read, nothing of the table is copied."""
+    if qtype not in BLOCK_BYTES or cols % BLOCK_ELEMS[qtype]:
+        raise ValueError(f"cannot read rows of {cols} columns of type {qtype}")
+    need = row_bytes(qtype, cols)
+    if isinstance(table, torch.Tensor):
+        if table.device.type != "cpu" or table.dim() < 1:
+            raise ValueError("dequantize_rows needs a CPU table")
+        rows, base = table.shape[0], table.data_ptr()
+        stride = table.stride(0) * table.element_size() if table.dim() > 1 else need
+        inner = table[0].is_contiguous() if rows else True
+        have = table[0].numel() * table.element_size() if table.dim() > 1 else table.numel()
+    else:
+        import numpy as np
+
+        arr = np.asarray(table)
+        rows, base = arr.shape[0], arr.ctypes.data
+        stride = arr.strides[0] if arr.ndim > 1 else need
+        inner = arr[0].flags.c_contiguous if rows and arr.ndim > 1 else True
+        have = arr[0].nbytes if arr.ndim > 1 else arr.nbytes
+    if not inner or have < need:
+        raise ValueError(f"each table row must hold {need} contiguous bytes")
+    ids = torch.as_tensor(row_ids, dtype=torch.int64).reshape(-1).contiguous()
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= rows):
+        raise IndexError(f"row ids out of range [0, {rows})")
+    out = torch.empty((ids.numel(), cols), dtype=torch.float32)
+    load(variant).sx_dequantize_rows(qtype, base, stride, cols, ptr(ids), ids.numel(), ptr(out))
     return out
 
 
@@ -145,15 +248,32 @@ def quantize_act(
     return blocks, scales, sums
 
 
+def packed_bytes(qtype: int, rows: int, cols: int) -> int:
+    """Bytes of a `rows` x `cols` matrix of `qtype` in the kernels' packed layout."""
+    return int(load().sx_packed_bytes(qtype, rows, cols))
+
+
 def pack(
     blocks: torch.Tensor, qtype: int, rows: int, cols: int, threads: int = 1, paired: bool = False,
-    variant: str = "native",
+    variant: str = "native", out: torch.Tensor | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """GGML row-major blocks -> the kernels' tiles of 8 rows (sx.h), written by the threads
-    that will compute them (first touch: NUMA placement)."""
+    that will compute them (first touch: NUMA placement). F32/F16: the rows as they are.
+    `out`: a uint8 tensor of `packed_bytes` to write into (e.g. a slice of a bigger buffer:
+    matrices of 8-row multiples stacked by rows pack part by part into one buffer)."""
+    if qtype not in NATIVE_TYPES:
+        raise ValueError(f"the kernels do not take weight type {qtype} as stored")
+    _check_cols(qtype, cols)
+    blocks = blocks.contiguous()
+    if blocks.numel() * blocks.element_size() < rows * row_bytes(qtype, cols):
+        raise ValueError(f"{rows} rows of type {qtype} need {rows * row_bytes(qtype, cols)} bytes")
     lib = load(variant)
-    out = torch.empty(lib.sx_packed_bytes(qtype, rows, cols), dtype=torch.uint8)
-    lib.sx_pack(qtype, ptr(blocks.contiguous()), rows, cols, ptr(out), threads, int(paired))
+    size = lib.sx_packed_bytes(qtype, rows, cols)
+    if out is None:
+        out = torch.empty(size, dtype=torch.uint8)
+    elif out.dtype != torch.uint8 or out.numel() != size:
+        raise ValueError(f"out must be {size} uint8 bytes, got {out.numel()} {out.dtype}")
+    lib.sx_pack(qtype, ptr(blocks), rows, cols, ptr(out), threads, int(paired))
     return out
 
 
@@ -167,10 +287,38 @@ def unpack(packed: torch.Tensor, qtype: int, rows: int, cols: int) -> torch.Tens
 def make_mat(
     qtype: int, data: torch.Tensor, rows: int, cols: int, bias: torch.Tensor | None
 ) -> SxMat:
-    """A matrix descriptor (`data`: float32 rows for F32, packed tiles for Q4_0/Q8_0); it holds
-    references to `data` and `bias` so they outlive it."""
-    mat = SxMat(qtype, rows, cols, 0, ptr(data), ptr(bias))
+    """A matrix descriptor (`data`: float32 / float16 rows for F32 / F16, packed tiles for the
+    block types); it holds references to `data` and `bias` so they outlive it."""
+    if qtype not in NATIVE_TYPES:
+        raise ValueError(f"the kernels do not take weight type {qtype} as stored")
+    _check_cols(qtype, cols)
+    mat = SxMat(qtype, rows, cols, 0, ptr(data), ptr(bias), None)
     mat._keep = (data, bias)  # the struct stores raw pointers: keep the memory alive
+    return mat
+
+
+def stack_mats(mats: list[SxMat]) -> SxMat:
+    """One matrix whose rows are those of `mats` in order (e.g. q/k/v parts of different
+    types): sx_gemm and the fused step treat it as one. Every part but the last needs a
+    multiple of 8 rows, all the same columns; each part keeps its own bias. The result keeps
+    the parts (and their memory) alive; keep it alive while the kernels may read it."""
+    if not mats:
+        raise ValueError("stack_mats needs at least one matrix")
+    cols = mats[0].cols
+    for i, m in enumerate(mats):
+        if m.type == STACK or m.n_parts:
+            raise ValueError("a stack's part cannot itself be a stack")
+        if m.cols != cols:
+            raise ValueError(f"part {i} has {m.cols} columns, part 0 has {cols}")
+        if i < len(mats) - 1 and m.rows % 8:
+            raise ValueError(
+                f"part {i} has {m.rows} rows: every part but the last needs a multiple of 8"
+            )
+    parts = (SxMat * len(mats))(*mats)
+    mat = SxMat(
+        STACK, sum(m.rows for m in mats), cols, len(mats), None, None, ctypes.addressof(parts)
+    )
+    mat._keep = (parts, tuple(mats))  # the parts' memory lives as long as their descriptors
     return mat
 
 

@@ -1,10 +1,21 @@
-"""Weight-only quantization by swapping modules (gpt-fast style): nn.Linear -> QuantLinear.
+"""Weights in GGML blocks for the native kernels, by swapping modules (gpt-fast style).
 
-`SYSHAX_QUANTIZE=q8_0|q4_0` turns every projection (q/k/v, o, gate/up, down) and the LM head
-into GGML blocks; embeddings and norms stay float. Weights that a GGUF file already stores in
-the requested block type are taken as they are (no requantization: the blocks equal the file's
-bytes, with llama.cpp's q/k row permutation undone row by row); the rest are quantized from
-float with ggml's reference rounding, so the result equals what llama.cpp's quantizer writes.
+Two ways in:
+
+* `load_gguf_projections` (the default for a GGUF on the CPU): while a GGUF loads, every
+  projection (q/k/v, o, gate/up, down) and the LM head becomes a `QuantLinear` over the file's
+  own blocks ("stored": Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K as they are, F16/F32 as float32
+  rows), and the token embedding a `QuantEmbedding` that dequantizes the rows it looks up. No
+  float copy of a quantized tensor is ever made. A fused matrix whose parts the file stores in
+  different types (Q4_K_M keeps some layers' attn_v in Q6_K next to Q4_K q/k) is a stack of
+  parts, one block type each. With "q4_0" / "q8_0" (`SYSHAX_QUANTIZE`) tensors in another type
+  are dequantized and requantized one at a time.
+* `quantize_model`: after a float load (HF folders), nn.Linear -> QuantLinear in q8_0 | q4_0.
+
+Blocks that a GGUF file already stores in the wanted type are taken as they are (no
+requantization: the blocks equal the file's bytes, with llama.cpp's q/k row permutation undone
+row by row); others are quantized from float with ggml's reference rounding, so the result
+equals what llama.cpp's quantizer writes.
 
 Each weight matrix is repacked into the kernels' tiles of 8 rows by the kernel threads that
 will read them (sx_pack): with pinned threads, first touch puts every thread's rows on its own
@@ -36,7 +47,9 @@ _SOURCES = {
 class QuantLinear(nn.Module):
     """y = x @ W^T + b with W in GGML blocks packed in tiles of 8 rows, by the native GEMM.
 
-    `blocks` is the packed buffer (`lib.unpack` gives the GGML row-major blocks back)."""
+    `blocks` is the packed buffer (`lib.unpack` gives the GGML row-major blocks back). A matrix
+    whose row ranges are stored in different types (`parts`: (type, rows, byte offset in
+    `blocks`) each, in row order) is one stacked matrix to the kernels; `qtype` is then -1."""
 
     def __init__(
         self,
@@ -46,17 +59,27 @@ class QuantLinear(nn.Module):
         out_features: int,
         bias: torch.Tensor | None,
         nrc: int = 0,
+        parts: list[tuple[int, int, int]] | None = None,
     ):
         super().__init__()
-        self.qtype, self.in_features, self.out_features, self.nrc = (
-            qtype,
-            in_features,
-            out_features,
-            nrc,
-        )
+        self.in_features, self.out_features, self.nrc = in_features, out_features, nrc
+        self.parts = parts or [(qtype, out_features, 0)]
+        self.qtype = self.parts[0][0] if len(self.parts) == 1 else -1
         self.register_buffer("blocks", blocks, persistent=False)
         self.register_buffer("bias", bias, persistent=False)
-        self.mat = lib.make_mat(qtype, blocks, out_features, in_features, bias)
+        if len(self.parts) == 1:
+            self.mat = lib.make_mat(qtype, blocks, out_features, in_features, bias)
+        else:
+            mats, row = [], 0
+            ends = [off for _, _, off in self.parts[1:]] + [blocks.numel()]
+            for (ptype, rows, off), end in zip(self.parts, ends, strict=True):
+                data = blocks[off:end]
+                if ptype == lib.F32:
+                    data = data.view(torch.float32)
+                part_bias = None if bias is None else bias[row : row + rows]
+                mats.append(lib.make_mat(ptype, data, rows, in_features, part_bias))
+                row += rows
+            self.mat = lib.stack_mats(mats)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
@@ -66,10 +89,33 @@ class QuantLinear(nn.Module):
         return y.view(*lead, self.out_features).to(x.dtype)
 
     def extra_repr(self) -> str:
-        name = {lib.Q4_0: "q4_0", lib.Q8_0: "q8_0"}[self.qtype]
+        types = "+".join(lib.type_name(t) for t, _, _ in self.parts)
         return (
-            f"in={self.in_features}, out={self.out_features}, {name}, bias={self.bias is not None}"
+            f"in={self.in_features}, out={self.out_features}, {types}, bias={self.bias is not None}"
         )
+
+
+class QuantEmbedding(nn.Module):
+    """Token embedding over a table kept in its stored block type (GGML row-major rows, e.g. a
+    view of the model file): looked-up rows are dequantized, the table never is."""
+
+    def __init__(self, qtype: int, table: torch.Tensor, num_embeddings: int, dim: int):
+        super().__init__()
+        self.qtype, self.num_embeddings, self.embedding_dim = qtype, num_embeddings, dim
+        if tuple(table.shape) != (num_embeddings, lib.row_bytes(qtype, dim)):
+            raise ValueError(
+                f"embedding table of shape {tuple(table.shape)} does not hold {num_embeddings} "
+                f"rows of {dim} {lib.type_name(qtype)} weights"
+            )
+        self.table = table  # not a buffer: it may be a read-only view of the model file
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        flat = ids.reshape(-1)
+        rows = lib.dequantize_rows(self.table, self.qtype, self.embedding_dim, flat)
+        return rows.view(*ids.shape, self.embedding_dim)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, {lib.type_name(self.qtype)}"
 
 
 @dataclass
@@ -78,6 +124,9 @@ class QuantizeReport:
     from_file: int = 0  # matrices whose blocks were taken from the GGUF file unchanged
     quantized: int = 0  # matrices quantized from float here
     bytes: int = 0  # size of all quantized matrices
+    as_float: int = 0  # "stored" plan: matrices the file keeps in F16/F32/BF16 (float32 rows)
+    # HF tensor names the quantized modules were built from (the float loader skips them)
+    consumed: frozenset = frozenset()
 
 
 def _raw_blocks(raw: dict, names: list[str], qtype: int) -> torch.Tensor | None:

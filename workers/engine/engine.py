@@ -25,7 +25,7 @@ from syshax.shared.sampling import SamplingParams
 from . import kv_format
 from .errors import CapacityError, EngineError, RequestError
 from .kv_cache import KVCache
-from .loader import load_model, parse_dtype
+from .loader import WEIGHT_PLANS, is_gguf, load_model, parse_dtype, resolve_model_path
 from .sampler import sample
 from .sequence import Sequence, SlotTable, make_detokenizer, record_token
 
@@ -84,6 +84,14 @@ def freeze_loaded_heap() -> None:
     gc.freeze()
 
 
+def _position_limit(config) -> int:
+    limit = config.max_position_embeddings
+    if config.sliding_window:
+        # Attention here is full; beyond the window it would differ from the model's.
+        limit = min(limit, config.sliding_window)
+    return limit
+
+
 def resolve_device(device: str) -> torch.device:
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
@@ -109,10 +117,12 @@ class Engine:
         nrc: int | None = None,
         kv_dtype: str | None = None,
     ):
-        """`quantize` (q8_0 | q4_0), `op_mode` ("fused") and `nrc` (GEMM row tile) select the
-        native CPU kernels (workers/cpu); they are what SYSHAX_QUANTIZE, INFERENCE_OP_MODE and
-        NRC set for a worker. None = plain PyTorch. `kv_dtype`: the KV cache's dtype (default:
-        float16 in fused mode, as llama.cpp does: attention reads half the bytes; else `dtype`)."""
+        """`quantize` and `op_mode` select the native CPU kernels (workers/cpu); None = plain
+        PyTorch. `quantize`: "stored" runs a GGUF's own blocks as they are (Q4_0, Q4_1, Q8_0,
+        Q4_K, Q5_K, Q6_K; the CPU default for GGUF, see workers/cpu/options.py), "q8_0" |
+        "q4_0" quantize to that type. `op_mode` "fused" runs each decode step in one native
+        call; `nrc` is the GEMM's row tile. `kv_dtype`: the KV cache's dtype (default: float16
+        in fused mode, as llama.cpp does: attention reads half the bytes; else `dtype`)."""
         self.device = resolve_device(device)
         if (quantize or op_mode) and self.device.type != "cpu":
             raise EngineError(
@@ -121,19 +131,51 @@ class Engine:
             )
         if op_mode not in (None, "fused"):
             raise EngineError(f"op_mode {op_mode!r} is not valid; use 'fused' or None")
+        if quantize not in (None, *WEIGHT_PLANS):
+            raise EngineError(
+                f"quantize {quantize!r} is not valid; use {', '.join(WEIGHT_PLANS)} or None"
+            )
         self.dtype = parse_dtype(dtype)
         if max_num_seqs < 1:
             raise EngineError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
-        # Load on the CPU at the model's size first so the rope table fits max_model_len.
-        probe_len = max_model_len or DEFAULT_MAX_MODEL_LEN
-        loaded = load_model(
-            model, dtype=self.dtype, device=self.device, max_model_len=probe_len, progress=progress
+        fused = op_mode == "fused"
+        self.kv_dtype = (
+            parse_dtype(kv_dtype) if kv_dtype else (torch.float16 if fused else self.dtype)
         )
+        path = resolve_model_path(model)
+        # A GGUF on the CPU is built straight into blocks; anything else loads as float first.
+        in_blocks = quantize is not None and is_gguf(path)
+        if quantize == "stored" and not in_blocks:
+            log.info("%s: not a GGUF file, nothing to run as stored: float weights", path)
+            quantize = None
+
+        def kv_bytes(config) -> int:
+            length = max_model_len or min(_position_limit(config), DEFAULT_MAX_MODEL_LEN)
+            return KVCache.bytes_needed(config, max_num_seqs, length, self.kv_dtype)
+
+        # Load at the model's size first so the rope table fits max_model_len.
+        probe_len = max_model_len or DEFAULT_MAX_MODEL_LEN
+        try:
+            loaded = load_model(
+                path,
+                dtype=self.dtype,
+                device=self.device,
+                max_model_len=probe_len,
+                progress=progress,
+                weights=quantize if in_blocks else None,
+                nrc=nrc or 0,
+                kv_bytes=kv_bytes,
+            )
+        except (ValueError, RuntimeError) as exc:
+            if not in_blocks:
+                raise
+            # the kernels refuse a shape (columns not whole blocks), or cannot be compiled
+            raise EngineError(f"cannot load {path} for the CPU kernels: {exc}") from exc
         self.config = loaded.config
         self.model = loaded.model
         self.model_path = loaded.path
         self.quantize, self.op_mode = quantize, op_mode
-        if quantize:
+        if quantize and not in_blocks:
             from syshax.workers.cpu.build import KernelBuildError
             from syshax.workers.cpu.quantized import quantize_model
 
@@ -142,10 +184,7 @@ class Engine:
             except (ValueError, KernelBuildError) as exc:
                 raise EngineError(f"cannot quantize this model to {quantize}: {exc}") from exc
         del loaded
-        limit = self.config.max_position_embeddings
-        if self.config.sliding_window:
-            # Attention here is full; beyond the window it would differ from the model's.
-            limit = min(limit, self.config.sliding_window)
+        limit = _position_limit(self.config)
         if max_model_len is None:
             max_model_len = min(limit, DEFAULT_MAX_MODEL_LEN)
         elif max_model_len > limit:
@@ -155,10 +194,6 @@ class Engine:
         if max_model_len != probe_len:
             self.model.init_rope(max_model_len, self.device)
         self.max_model_len = max_model_len
-        fused = op_mode == "fused"
-        self.kv_dtype = (
-            parse_dtype(kv_dtype) if kv_dtype else (torch.float16 if fused else self.dtype)
-        )
         self.cache = KVCache(
             self.config, max_num_seqs, max_model_len, self.kv_dtype, self.device, zero=not fused
         )

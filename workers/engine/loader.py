@@ -2,13 +2,26 @@
 
 Both sources yield tensors under Hugging Face names; `_target` maps each to our module layout
 (q/k/v and gate/up are fused into one weight each, so a layer runs 4 GEMMs instead of 7).
+
+`weights` says what the projections (q/k/v, o, gate/up, down and the LM head) become:
+
+* None: float `nn.Linear` in `dtype` (the PyTorch path; any device).
+* "stored" (GGUF on the CPU): the file's own blocks, used as stored by the native kernels
+  (`workers/cpu/quantized.py`); the token embedding stays in its blocks too and rows are
+  dequantized when looked up. Nothing is ever dequantized to a float copy of the model.
+* "q4_0" / "q8_0" (GGUF on the CPU): blocks of that type; tensors already in it are taken as
+  stored, the others are dequantized and requantized one at a time.
+
+Tensors are taken one at a time from the file's memory map and released once copied
+(`GGUFFile.release`), so peak memory is what the model keeps plus one tensor.
 """
 
 from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,13 +29,14 @@ import torch
 from syshax.shared.models import default_model_path
 from tqdm import tqdm
 
-from . import hf_weights
+from . import hf_weights, memory
 from .config import ModelConfig
 from .errors import ModelLoadError
 from .model import Transformer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
+WEIGHT_PLANS = ("stored", "q4_0", "q8_0")
 
 
 def parse_dtype(name: str) -> torch.dtype:
@@ -43,14 +57,20 @@ def resolve_model_path(model: str | Path | None) -> Path:
     return path
 
 
+def is_gguf(path: Path) -> bool:
+    return path.is_file() and path.suffix == ".gguf"
+
+
 @dataclass
 class LoadedModel:
     config: ModelConfig
     model: Transformer
     path: Path
-    # GGUF only: HF name -> (ggml type, Q4_0/Q4_1/Q8_0 blocks as stored, q/k rows in HF order),
-    # so a quantized engine can take them without requantizing.
+    # GGUF loaded as float only: HF name -> (ggml type, Q4_0/Q4_1/Q8_0 blocks as stored, q/k
+    # rows in HF order), so `quantize_model` can take them afterwards without requantizing.
     raw: dict = field(default_factory=dict)
+    # What the projections became: None (float) or a `quantized.QuantizeReport`.
+    report: object | None = None
 
 
 _LAYER = re.compile(r"model\.layers\.(\d+)\.(.+)")
@@ -89,33 +109,56 @@ def load_model(
     device: str | torch.device = "cpu",
     max_model_len: int,
     progress: bool = True,
+    weights: str | None = None,
+    nrc: int = 0,
+    kv_bytes: Callable[[ModelConfig], int] | None = None,
 ) -> LoadedModel:
+    """`kv_bytes(config)`: the KV cache the caller will allocate; with it, the load fails with
+    a clear ModelLoadError before any tensor is read when weights + KV cache cannot fit."""
     path = resolve_model_path(model)
-    if path.is_file() and path.suffix == ".gguf":
-        from .gguf_weights import read_gguf
+    device = torch.device(device)
+    if weights is not None and weights not in WEIGHT_PLANS:
+        raise ValueError(f"weights {weights!r} is not one of {', '.join(WEIGHT_PLANS)} or None")
+    if weights is not None and (device.type != "cpu" or not is_gguf(path)):
+        raise ModelLoadError(
+            f"{path}: weights={weights!r} loads a GGUF file's blocks for the CPU kernels; "
+            "quantize other models after loading (quantized.quantize_model)"
+        )
+    report = None
+    raw: dict = {}
+    if is_gguf(path):
+        from .gguf_weights import open_gguf
 
-        gguf = read_gguf(path, dtype=dtype, progress=progress)
-        config = ModelConfig.from_hf(gguf.hf_config, source=str(path), name=path.stem)
-        raw = _raw_in_hf_order(gguf)
-        named: Iterable[tuple[str, torch.Tensor]] = gguf.tensors.items()
-        total = len(gguf.tensors)
-        progress = False  # read_gguf showed its own bar while dequantizing
+        gg = open_gguf(path)
+        config = ModelConfig.from_hf(gg.hf_config, source=str(path), name=path.stem)
+        native = _native_types() if weights == "stored" else frozenset()
+        gg.check_types(native)
+        if kv_bytes is not None:
+            size = memory.gguf_weight_bytes(gg.tensors.values(), weights, _itemsize(dtype), native)
+            memory.check_fits(path, memory.MemoryEstimate(size, kv_bytes(config)))
+        net = _meta_model(config)
+        if weights is not None:
+            from syshax.workers.cpu.gguf_load import load_gguf_projections
+
+            report = load_gguf_projections(net, gg, weights, nrc, progress)
+        else:
+            raw = _raw_blocks(gg)
+        named = _gguf_tensors(gg, dtype, skip=report.consumed if report else frozenset())
+        total = len(gg.tensors) - (len(report.consumed) if report else 0)
     elif path.is_dir():
         config = ModelConfig.from_hf(
             hf_weights.read_config(path), source=str(path / "config.json"), name=path.name
         )
         files = hf_weights.safetensors_files(path)
+        if kv_bytes is not None:
+            size = memory.safetensors_elements(files) * _itemsize(dtype)
+            memory.check_fits(path, memory.MemoryEstimate(size, kv_bytes(config)))
+        net = _meta_model(config)
         named = ((n, t) for n, t, _ in hf_weights.iter_tensors(files))
         total = hf_weights.count_tensors(files)
-        raw = {}
     else:
         raise ModelLoadError(f"{path}: expected an HF model folder or a .gguf file")
 
-    with torch.device("meta"):
-        net = Transformer(config, max_model_len=1)
-    params = dict(net.named_parameters())
-    parts: dict[str, list[torch.Tensor | None]] = {}
-    loaded: dict[str, torch.Tensor] = {}
     bar = tqdm(
         named,
         total=total,
@@ -124,7 +167,72 @@ def load_model(
         disable=not progress,
         file=sys.stderr,
     )
-    for name, tensor in bar:
+    _assign_float(net, config, path, bar, dtype, device)
+    net.init_rope(max_model_len, device)
+    return LoadedModel(config=config, model=net.eval(), path=path, raw=raw, report=report)
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def _native_types() -> frozenset:
+    from syshax.workers.cpu import lib
+
+    return lib.NATIVE_TYPES
+
+
+@contextmanager
+def _no_weight_init() -> Iterator[None]:
+    """Build modules without initializing their weights (the file provides them). On the meta
+    device nn.Embedding's normal_ init imports torch._dynamo: 2.4 s and 85 MB per process."""
+    saved = torch.nn.Linear.reset_parameters, torch.nn.Embedding.reset_parameters
+    torch.nn.Linear.reset_parameters = torch.nn.Embedding.reset_parameters = lambda self: None
+    try:
+        yield
+    finally:
+        torch.nn.Linear.reset_parameters, torch.nn.Embedding.reset_parameters = saved
+
+
+def _meta_model(config: ModelConfig) -> Transformer:
+    with torch.device("meta"), _no_weight_init():
+        return Transformer(config, max_model_len=1)
+
+
+def _gguf_tensors(gg, dtype: torch.dtype, skip: frozenset) -> Iterator[tuple[str, torch.Tensor]]:
+    """The file's tensors not in `skip`, each dequantized when reached and its pages released."""
+    for name in gg.tensors:
+        if name in skip:
+            continue
+        tensor = gg.float(name, dtype)
+        gg.release(name)
+        yield name, tensor
+
+
+def _raw_blocks(gg) -> dict:
+    from .gguf_weights import RAW_TYPES
+
+    out = {}
+    for name, t in gg.tensors.items():
+        if t.tensor_type in RAW_TYPES:
+            out[name] = gg.blocks(name)
+    return out
+
+
+def _assign_float(
+    net: Transformer,
+    config: ModelConfig,
+    path: Path,
+    named: Iterable[tuple[str, torch.Tensor]],
+    dtype: torch.dtype,
+    device: torch.device,
+) -> None:
+    """Load float tensors into the meta model's remaining parameters (fusing q/k/v and
+    gate/up), checking names, shapes and values."""
+    params = dict(net.named_parameters())
+    parts: dict[str, list[torch.Tensor | None]] = {}
+    loaded: dict[str, torch.Tensor] = {}
+    for name, tensor in named:
         target = _target(name)
         if target is None:
             continue
@@ -145,11 +253,12 @@ def load_model(
             if all(p is not None for p in slot):
                 loaded[pname] = torch.cat(slot, dim=0)  # type: ignore[arg-type]
                 del parts[pname]
-    if config.tie_word_embeddings or "lm_head.weight" not in loaded:
+    tied = config.tie_word_embeddings and isinstance(net.lm_head, torch.nn.Linear)
+    if tied or "lm_head.weight" not in loaded:
         loaded.pop("lm_head.weight", None)
-        if not config.tie_word_embeddings:
+        if "lm_head.weight" in params and not tied:
             raise ModelLoadError(f"{path}: lm_head.weight is missing and embeddings are not tied")
-    expected = {n for n in params if not (config.tie_word_embeddings and n == "lm_head.weight")}
+    expected = {n for n in params if not (tied and n == "lm_head.weight")}
     missing = sorted(expected - loaded.keys())
     if missing:
         shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
@@ -161,23 +270,5 @@ def load_model(
                 f"config.json implies {tuple(params[pname].shape)}"
             )
     net.load_state_dict(loaded, strict=False, assign=True)
-    if config.tie_word_embeddings:
+    if tied:
         net.lm_head.weight = net.embed_tokens.weight
-    net.init_rope(max_model_len, device)
-    return LoadedModel(config=config, model=net.eval(), path=path, raw=raw)
-
-
-def _raw_in_hf_order(gguf) -> dict:
-    """GGUFModel.raw with llama.cpp's q/k row permutation undone (llama-architecture files)."""
-    from .gguf_rope import unpermute_qk
-
-    permuted = gguf.hf_config.get("model_type") in ("llama", "mistral")
-    heads = {
-        "self_attn.q_proj.weight": gguf.hf_config["num_attention_heads"],
-        "self_attn.k_proj.weight": gguf.hf_config["num_key_value_heads"],
-    }
-    out = {}
-    for name, (qtype, blocks) in gguf.raw.items():
-        n_heads = next((h for suffix, h in heads.items() if name.endswith(suffix)), None)
-        out[name] = (qtype, unpermute_qk(blocks, n_heads) if permuted and n_heads else blocks)
-    return out

@@ -156,7 +156,14 @@ class Transformer(nn.Module):
         self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
         if c.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
-        self.init_rope(max_model_len, self.embed_tokens.weight.device)
+        device = self.embed_tokens.weight.device
+        if device.type == "meta":  # a shell the loader fills, then calls init_rope (the math on
+            # meta tensors would import torch._dynamo: seconds per process)
+            shape = (max_model_len, c.head_dim)
+            self.register_buffer("rope_cos", torch.empty(shape, device=device), persistent=False)
+            self.register_buffer("rope_sin", torch.empty(shape, device=device), persistent=False)
+        else:
+            self.init_rope(max_model_len, device)
 
     def init_rope(self, max_model_len: int, device: torch.device | str) -> None:
         """(Re)build the fp32 cos/sin tables for positions [0, max_model_len) on `device`."""

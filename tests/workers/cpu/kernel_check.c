@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "simd.h"
 #include "sx.h"
 
 static unsigned long long state = 88172645463325252ULL;
@@ -46,6 +47,44 @@ int main(void) {
                     snprintf(tag, sizeof tag, "gemm t%d n%d", types[t], n);
                     dump(tag, y, n * ROWS);
                 }
+    }
+    /* Block types read as stored (no quantizer here): random bytes, finite fp16 scales. */
+    enum { KCOLS = 512 };
+    const int ktypes[] = {SX_F16, SX_Q4_1, SX_Q4_K, SX_Q5_K, SX_Q6_K};
+    float *kx = malloc(sizeof(float) * N * KCOLS), *ky = malloc(sizeof(float) * N * ROWS * 2);
+    for (int i = 0; i < N * KCOLS; i++) kx[i] = rnd() * 3.0f;
+    unsigned char *raw = malloc((size_t)ROWS * KCOLS * 2), *kp = malloc((size_t)(ROWS + 8) * KCOLS * 2);
+    for (int t = 0; t < 5; t++) {
+        const int ty = ktypes[t];
+        const size_t rb = sx_row_bytes(ty, KCOLS), be = (size_t)sx_block_elems(ty);
+        const size_t bb = rb / (KCOLS / be);
+        for (size_t i = 0; i < ROWS * rb; i++) raw[i] = (unsigned char)(rnd() * 64.0f + 128.0f);
+        for (size_t b = 0; b < ROWS * rb / bb; b++) { /* the fp16 scale fields */
+            uint16_t *h = (uint16_t *)(raw + b * bb + (ty == SX_Q6_K ? 208 : 0));
+            h[0] = sx_f2h(rnd() * 0.01f);
+            if (ty == SX_Q4_1 || ty == SX_Q4_K || ty == SX_Q5_K) h[1] = sx_f2h(rnd() * 0.01f);
+        }
+        sx_pack(ty, raw, ROWS, KCOLS, kp, 2, 0);
+        sx_mat m = {ty, ROWS, KCOLS, 0, kp, bias, NULL};
+        for (int n = 1; n <= N; n += 4)
+            for (int threads = 1; threads <= 2; threads++)
+                for (int nrc = 0; nrc <= 8; nrc += 4) {
+                    sx_gemm(&m, n, kx, ky, threads, nrc);
+                    char tag[64];
+                    snprintf(tag, sizeof tag, "gemm t%d n%d", ty, n);
+                    dump(tag, ky, n * ROWS);
+                }
+        float deq[KCOLS];
+        sx_dequantize(ty, raw + rb, KCOLS, deq);
+        dump("dequant", deq, KCOLS);
+    }
+    {   /* a stack of a Q6_K part (rows 0-31, from the last packing above) and an F32 part */
+        float *wf = malloc(sizeof(float) * 8 * KCOLS);
+        for (int i = 0; i < 8 * KCOLS; i++) wf[i] = rnd();
+        sx_mat parts[2] = {{SX_Q6_K, 32, KCOLS, 0, kp, NULL, NULL}, {SX_F32, 8, KCOLS, 0, wf, NULL, NULL}};
+        sx_mat st = {SX_STACK, 40, KCOLS, 2, NULL, NULL, parts};
+        sx_gemm(&st, N, kx, ky, 2, 0);
+        dump("stack", ky, N * 40);
     }
     float out[COLS];
     sx_rmsnorm(x, w, COLS, 1e-5f, out);

@@ -1,7 +1,7 @@
-"""The farm with a kernel-accelerated CPU decode worker (SYSHAX_QUANTIZE=q4_0,
-INFERENCE_OP_MODE=fused): the xPU worker prefills in float32, the KV moves, the CPU worker
-decodes with Q4_0 weights in the fused step. The stream must be exactly what the same handoff
-gives in-process: float32 prefill's first token, then the fused Q4_0 engine's tokens."""
+"""The farm with a requantizing CPU decode worker (SYSHAX_QUANTIZE=q4_0, INFERENCE_OP_MODE=fused)
+beside an xPU-role worker on this GPU-less host, which runs the default rule (the GGUF's own
+Q4_1 blocks, fused step): the xPU worker prefills, the KV moves, the CPU worker decodes with
+Q4_0 weights. The stream must be exactly what the same handoff gives in-process."""
 
 from __future__ import annotations
 
@@ -29,7 +29,14 @@ def kernel_farm(tmp_path_factory, redis_server):
 
 def _handoff_reference() -> tuple[str, list[int]]:
     params = SamplingParams(max_tokens=N, temperature=0.0)
-    xpu = Engine(None, max_model_len=MAX_LEN, max_num_seqs=1, progress=False)
+    xpu = Engine(
+        None,
+        max_model_len=MAX_LEN,
+        max_num_seqs=1,
+        progress=False,
+        quantize="stored",
+        op_mode="fused",
+    )
     cpu = Engine(
         None,
         max_model_len=MAX_LEN,

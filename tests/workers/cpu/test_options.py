@@ -8,8 +8,9 @@ import sys
 
 import pytest
 from syshax.shared.env import EnvError
+from syshax.shared.models import default_model_path
 from syshax.workers.cpu.affinity import AffinityError
-from syshax.workers.cpu.options import from_env
+from syshax.workers.cpu.options import from_env, resolve_kernels
 
 VARS = ("SYSHAX_QUANTIZE", "INFERENCE_OP_MODE", "NRC", "CUSTOM_CPU_AFFINITY", "OMP_NUM_THREADS")
 
@@ -24,6 +25,29 @@ def test_defaults_use_no_kernels():
     opts = from_env(threads=2)
     assert not opts.uses_kernels and opts.cpus is None
     assert opts.engine_kwargs() == {"quantize": None, "op_mode": None, "nrc": None}
+
+
+@pytest.mark.parametrize(
+    ("quantize", "op_mode", "expected"),
+    [
+        (None, None, ("stored", "fused")),  # a GGUF on the CPU: its own blocks, fused
+        ("none", None, (None, None)),  # SYSHAX_QUANTIZE=none: float PyTorch
+        (None, "none", (None, None)),  # INFERENCE_OP_MODE=none: float PyTorch
+        ("q4_0", None, ("q4_0", "fused")),  # requantize on purpose, fused by default
+        ("q8_0", "none", ("q8_0", None)),  # requantize, PyTorch ops
+        (None, "fused", ("stored", "fused")),
+    ],
+)
+def test_default_rule_for_a_gguf_on_the_cpu(quantize, op_mode, expected):
+    assert resolve_kernels(quantize, op_mode, default_model_path(), "cpu") == expected
+
+
+def test_default_rule_for_an_hf_folder_and_for_gpus(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    assert resolve_kernels(None, None, tmp_path, "cpu") == (None, None)  # float stays float
+    assert resolve_kernels("q4_0", None, tmp_path, "cpu") == ("q4_0", "fused")
+    assert resolve_kernels(None, "fused", tmp_path, "cpu") == (None, "fused")
+    assert resolve_kernels(None, None, default_model_path(), "cuda:0") == (None, None)
 
 
 def test_values_are_passed_on(monkeypatch):

@@ -54,3 +54,15 @@ def test_plain_avx2_build_equals_this_machines_build(tmp_path):
     host = _run([str(_build("gcc", ["-march=native"], tmp_path / "host"))])
     avx2 = _run([str(_build("gcc", ["-march=haswell"], tmp_path / "avx2"))])
     assert host == avx2
+
+
+def test_vnni_branch_equals_this_machines_build(tmp_path):
+    """The AVX-512 VNNI code paths (SX_VNNI), built for plain AVX2 with vpdpbusd emulated
+    exactly (vnni_emul.h), so they run and are checked on any AVX2 machine."""
+    host = _run([str(_build("gcc", ["-march=native"], tmp_path / "host"))])
+    emul = ["-march=haswell", "-DSX_VNNI", "-include", str(HERE / "vnni_emul.h")]
+    vnni_bin = _build("gcc", emul, tmp_path / "vnni")
+    dis = subprocess.run(["objdump", "-d", str(vnni_bin)], capture_output=True, text=True).stdout
+    # Every tile took its VNNI branch: no maddubs left, the K-quants' sc x int32 sum is there.
+    assert "vpmaddubsw" not in dis and "vpmulld" in dis
+    assert _run([str(vnni_bin)]) == host

@@ -196,7 +196,8 @@ def _rand(*shape, seed):
 
 def _write(path: Path, arch: str, meta: dict, tensors: dict, name: str = "tiny") -> Path:
     """A GGUF with `meta` under the `{arch}.` prefix; tensors are float32 arrays or
-    (ggml type, float32 array) pairs quantized on the way in."""
+    (ggml type, float32 array) pairs quantized on the way in, or (ggml type, uint8 blocks)
+    written as they are."""
     w = gguf.GGUFWriter(str(path), arch)
     w.add_name(name)
     for key, value in meta.items():
@@ -209,7 +210,8 @@ def _write(path: Path, arch: str, meta: dict, tensors: dict, name: str = "tiny")
     for tname, value in tensors.items():
         if isinstance(value, tuple):
             qtype, arr = value
-            w.add_tensor(tname, gguf.quants.quantize(arr, qtype), raw_dtype=qtype)
+            data = arr if arr.dtype == np.uint8 else gguf.quants.quantize(arr, qtype)
+            w.add_tensor(tname, data, raw_dtype=qtype)
         else:
             w.add_tensor(tname, value)
     w.write_header_to_file()

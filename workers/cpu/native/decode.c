@@ -25,6 +25,8 @@ typedef struct {
     sx_act_block *blocks;   /* [B, kmax / 32] */
     float *scales;          /* [B, kmax / 32] */
     int32_t *zq;            /* [B, kmax / 32] */
+    float *xsum;            /* [B, kmax / 32] */
+    int32_t *hsum;          /* [B, kmax / 32, 2] */
     float *scores;          /* [max_len + 2 head_dim]: attention scores, the new key and value */
 } sx_scratch;
 
@@ -84,6 +86,8 @@ void sx_ctx_free(sx_ctx *c) {
             free(c->ws[t].blocks);
             free(c->ws[t].scales);
             free(c->ws[t].zq);
+            free(c->ws[t].xsum);
+            free(c->ws[t].hsum);
             free(c->ws[t].scores);
         }
     free(c->ws);
@@ -97,6 +101,8 @@ void sx_ctx_free(sx_ctx *c) {
 }
 
 sx_ctx *sx_ctx_new(const sx_model *m, int max_batch, int n_threads, int nrc) {
+    const int ee = sx_block_elems(m->embed_type);
+    if (!ee || m->hidden % ee) return NULL; /* an embedding type the step cannot read */
     sx_ctx *c = (sx_ctx *)calloc(1, sizeof(sx_ctx));
     if (!c) return NULL;
     c->m = *m;
@@ -121,8 +127,11 @@ sx_ctx *sx_ctx_new(const sx_model *m, int max_batch, int n_threads, int nrc) {
         c->ws[t].blocks = zalloc(B * (c->kmax / SX_QK) * sizeof(sx_act_block));
         c->ws[t].scales = zalloc(B * (c->kmax / SX_QK) * 4);
         c->ws[t].zq = zalloc(B * (c->kmax / SX_QK) * 4);
+        c->ws[t].xsum = zalloc(B * (c->kmax / SX_QK) * 4);
+        c->ws[t].hsum = zalloc(B * (c->kmax / SX_QK) * 8);
         c->ws[t].scores = zalloc(((size_t)m->max_len + 2 * m->head_dim) * 4);
-        ok = c->ws[t].xn && c->ws[t].blocks && c->ws[t].scales && c->ws[t].zq && c->ws[t].scores;
+        ok = c->ws[t].xn && c->ws[t].blocks && c->ws[t].scales && c->ws[t].zq && c->ws[t].xsum && c->ws[t].hsum &&
+             c->ws[t].scores;
     }
     if (!ok) {
         sx_ctx_free(c);
@@ -200,13 +209,15 @@ int sx_decode(sx_ctx *c, int n, const int64_t *tokens, const int64_t *positions,
     for (int i = 0; i < n; i++) {
         if (positions[i] < 0 || positions[i] >= m->max_len) return -2;
         if (tokens[i] < 0 || tokens[i] >= m->vocab) return -3;
-        memcpy(c->x + (size_t)i * m->hidden, m->embed + tokens[i] * m->hidden, (size_t)m->hidden * 4);
     }
+    /* The tokens' embedding rows, dequantized from the table as stored (F32 rows are copied). */
+    const int64_t stride = m->embed_row_bytes ? m->embed_row_bytes : (int64_t)sx_row_bytes(m->embed_type, m->hidden);
+    sx_dequantize_rows(m->embed_type, m->embed, stride, m->hidden, tokens, n, c->x);
 #pragma omp parallel num_threads(c->nt)
     {
         const int t = sx_thread_num(), nt = sx_num_threads();
         sx_scratch *ws = &c->ws[t < c->nt ? t : 0];
-        sx_act act = {NULL, ws->blocks, ws->scales, ws->zq};
+        sx_act act = {NULL, ws->blocks, ws->scales, ws->zq, ws->xsum, ws->hsum};
         int r0, r1;
         for (int l = 0; l < m->n_layers; l++) {
             const sx_layer *L = &m->layers[l];

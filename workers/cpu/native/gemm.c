@@ -1,4 +1,5 @@
-/* Small-batch GEMM y[n, rows] = x[n, cols] @ W^T for F32, Q8_0 and Q4_0 weights.
+/* Small-batch GEMM y[n, rows] = x[n, cols] @ W^T for F32, F16, Q8_0, Q4_0 and Q4_1 weights (the
+ * K-quant tiles are in kquant.c), the drivers, the thread partition and packing's placement.
  *
  * Quantized weights meet 8-bit activations in integer dot products, as fast CPU engines do.
  * The weights are packed in tiles of 8 rows (sx.h): a 256-bit chunk holds the same 4 quants of
@@ -22,39 +23,34 @@
 #include "simd.h"
 
 #define MAXR 8
-#define MAXC 4
+#define MAXC SX_MAXC
+#define AI SX_AI
+#define CHUNK SX_CHUNK
 
 /* ---- quantized tiles ------------------------------------------------------------------- */
 
 #ifdef SX_AVX2
-/* acc + per int32 lane the sum of 4 u8 x s8 products. */
-static inline __m256i dot_us(__m256i acc, __m256i u, __m256i s) {
-#ifdef SX_VNNI
-    return _mm256_dpbusd_epi32(acc, u, s);
-#else
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
-#endif
+static size_t qtile_bytes(int type) {
+    return type == SX_Q4_0 ? SX_Q4_TILE_BYTES : type == SX_Q4_1 ? SX_Q41_TILE_BYTES : SX_Q8_TILE_BYTES;
 }
 
-static inline __m256i bcast4(const void *p) { /* 4 bytes into every int32 lane */
-    int32_t v;
-    memcpy(&v, p, 4);
-    return _mm256_set1_epi32(v);
-}
-
-static inline __attribute__((always_inline)) void tile_q(int type, int C, const uint8_t *w, int nb,
-                                                          const sx_act_block *a, const float *ad,
-                                                          const int32_t *zq, float *out) {
-    const size_t tb = type == SX_Q4_0 ? SX_Q4_TILE_BYTES : SX_Q8_TILE_BYTES;
+AI void tile_q(int type, int C, const uint8_t *w, int nb, const sx_act *act, size_t a0, float *out) {
+    const size_t tb = qtile_bytes(type);
+    const sx_act_block *a = act->blocks + a0;
+    const float *ad = act->scales + a0, *xs = act->xsum + a0;
+    const int32_t *zq = act->zq + a0;
+    const int q4 = type == SX_Q4_0 || type == SX_Q4_1, qo = type == SX_Q4_1 ? 32 : 16;
     __m256 acc[MAXC];
     for (int c = 0; c < C; c++) acc[c] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++, w += tb) {
         const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)w));
+        __m256 mw = _mm256_setzero_ps();
+        if (type == SX_Q4_1) mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + 16)));
         __m256i wq[8];
         __m256i base = _mm256_setzero_si256(); /* Q8_0: -128 * sum of each row's weights */
-        if (type == SX_Q4_0) {
+        if (q4) {
             for (int k = 0; k < 4; k++) {
-                const __m256i raw = _mm256_loadu_si256((const __m256i *)(w + 16 + 32 * k));
+                const __m256i raw = _mm256_loadu_si256((const __m256i *)(w + qo + 32 * k));
                 wq[k] = _mm256_and_si256(raw, _mm256_set1_epi8(0x0F));                         /* quants 4k.. */
                 wq[k + 4] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), _mm256_set1_epi8(0x0F)); /* 16+4k.. */
             }
@@ -69,19 +65,21 @@ static inline __attribute__((always_inline)) void tile_q(int type, int C, const 
         for (int c = 0; c < C; c++) {
             const sx_act_block *ab = a + (size_t)c * nb + b;
             __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
-            if (type == SX_Q4_0) {
-                /* Start from the zero point (one broadcast load, see q4_zero_terms). */
+            if (q4) {
+                /* Q4_0 starts from the zero point (one broadcast load, see q4_zero_terms). */
+                const int32_t z = type == SX_Q4_0 ? zq[(size_t)c * nb + b] : 0;
 #ifdef SX_VNNI
-                s0 = _mm256_set1_epi32(zq[(size_t)c * nb + b]);
+                s0 = _mm256_set1_epi32(z);
                 for (int k = 0; k < 4; k++) {
                     s0 = dot_us(s0, wq[k], bcast4(ab->qs + 4 * k));
                     s1 = dot_us(s1, wq[k + 4], bcast4(ab->qs + 16 + 4 * k));
                 }
 #else
-                /* Each int16 lane ends at sum over its 16 quants of (w - 8) * a, at most
+                /* Each int16 lane ends at sum over its 16 quants of (w - 8) * a (Q4_0, at most
                  * 16 * 8 * 127 = 16256 in magnitude, and int16 adds wrap, so accumulating in
-                 * int16 from the zero point is exact: one madd per block, no int32 add. */
-                __m256i p16 = _mm256_set1_epi32(zq[(size_t)c * nb + b]);
+                 * int16 from the zero point is exact) or of w * a (Q4_1: at most 30480): one
+                 * madd per block, no int32 add. */
+                __m256i p16 = _mm256_set1_epi32(z);
                 for (int k = 0; k < 4; k++) {
                     p16 = _mm256_add_epi16(p16, _mm256_maddubs_epi16(wq[k], bcast4(ab->qs + 4 * k)));
                     p16 = _mm256_add_epi16(p16, _mm256_maddubs_epi16(wq[k + 4], bcast4(ab->qs + 16 + 4 * k)));
@@ -105,10 +103,11 @@ static inline __attribute__((always_inline)) void tile_q(int type, int C, const 
 #ifdef SX_VNNI
             const __m256i s = _mm256_add_epi32(s0, s1);
 #else
-            const __m256i s = type == SX_Q4_0 ? s0 : _mm256_add_epi32(s0, s1);
+            const __m256i s = q4 ? s0 : _mm256_add_epi32(s0, s1);
 #endif
             const __m256 scale = _mm256_mul_ps(dw, _mm256_broadcast_ss(ad + (size_t)c * nb + b));
             acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), scale, acc[c]);
+            if (type == SX_Q4_1) acc[c] = _mm256_fmadd_ps(mw, _mm256_broadcast_ss(xs + (size_t)c * nb + b), acc[c]);
         }
     }
     for (int c = 0; c < C; c++) _mm256_storeu_ps(out + 8 * c, acc[c]);
@@ -116,15 +115,19 @@ static inline __attribute__((always_inline)) void tile_q(int type, int C, const 
 #else
 /* Scalar build (and aarch64, whose sdot does the 32-quant integer dot): the same integer block
  * sums and fused multiply-adds as above, one row at a time. */
+static size_t qtile_bytes(int type) {
+    return type == SX_Q4_0 ? SX_Q4_TILE_BYTES : type == SX_Q4_1 ? SX_Q41_TILE_BYTES : SX_Q8_TILE_BYTES;
+}
 
-/* One row of a tile-block as 32 signed quants (Q4_0 zero point removed); returns its scale. */
+/* One row of a tile-block as 32 quants (Q4_0 zero point removed); returns its scale. */
 static inline float unpack_row(int type, const uint8_t *w, int r, int8_t *v) {
     const float d = sx_h2f(((const uint16_t *)w)[r]);
-    for (int i = 0; i < (type == SX_Q4_0 ? SX_QK / 2 : SX_QK); i++) {
-        const uint8_t q = w[16 + 32 * (i / 4) + 4 * r + i % 4];
-        if (type == SX_Q4_0) {
-            v[i] = (int8_t)((q & 0x0F) - 8);
-            v[i + 16] = (int8_t)((q >> 4) - 8);
+    const int q4 = type == SX_Q4_0 || type == SX_Q4_1, z = type == SX_Q4_0 ? 8 : 0;
+    for (int i = 0; i < (q4 ? SX_QK / 2 : SX_QK); i++) {
+        const uint8_t q = w[(type == SX_Q4_1 ? 32 : 16) + CHUNK(i, r)];
+        if (q4) {
+            v[i] = (int8_t)((q & 0x0F) - z);
+            v[i + 16] = (int8_t)((q >> 4) - z);
         } else {
             v[i] = (int8_t)q;
         }
@@ -132,30 +135,21 @@ static inline float unpack_row(int type, const uint8_t *w, int r, int8_t *v) {
     return d;
 }
 
-static inline int dot32(const int8_t *w, const int8_t *a) {
-#ifdef SX_NEON
-    const int32x4_t z = vdupq_n_s32(0);
-    return vaddvq_s32(vdotq_s32(vdotq_s32(z, vld1q_s8(w), vld1q_s8(a)), vld1q_s8(w + 16), vld1q_s8(a + 16)));
-#else
-    int s = 0;
-    for (int i = 0; i < SX_QK; i++) s += w[i] * a[i];
-    return s;
-#endif
-}
 
-static inline __attribute__((always_inline)) void tile_q(int type, int C, const uint8_t *w, int nb,
-                                                          const sx_act_block *a, const float *ad,
-                                                          const int32_t *zq, float *out) {
-    const size_t tb = type == SX_Q4_0 ? SX_Q4_TILE_BYTES : SX_Q8_TILE_BYTES;
+AI void tile_q(int type, int C, const uint8_t *w, int nb, const sx_act *act, size_t a0, float *out) {
+    const size_t tb = qtile_bytes(type);
+    const sx_act_block *a = act->blocks + a0;
+    const float *ad = act->scales + a0, *xs = act->xsum + a0;
     float acc[MAXC][SX_TILE] = {{0}};
-    (void)zq; /* the scalar rows take the zero point off the weights instead */
     for (int b = 0; b < nb; b++, w += tb)
         for (int r = 0; r < SX_TILE; r++) {
             int8_t v[SX_QK];
             const float dw = unpack_row(type, w, r, v);
+            const float mw = type == SX_Q4_1 ? sx_h2f(((const uint16_t *)w)[8 + r]) : 0.0f;
             for (int c = 0; c < C; c++) {
-                const int s = dot32(v, a[(size_t)c * nb + b].qs);
-                acc[c][r] = fmaf((float)s, dw * ad[(size_t)c * nb + b], acc[c][r]);
+                const size_t i = (size_t)c * nb + b;
+                acc[c][r] = fmaf((float)dot32(v, a[i].qs), dw * ad[i], acc[c][r]);
+                if (type == SX_Q4_1) acc[c][r] = fmaf(mw, xs[i], acc[c][r]);
             }
         }
     for (int c = 0; c < C; c++)
@@ -164,31 +158,38 @@ static inline __attribute__((always_inline)) void tile_q(int type, int C, const 
 #endif
 
 #define QSHAPES(X) X(1) X(2) X(4)
-#define DEFQ(C)                                                                                \
-    static void q4_c##C(const uint8_t *w, int nb, const sx_act_block *a, const float *ad,    \
-                        const int32_t *as, float *out) { tile_q(SX_Q4_0, C, w, nb, a, ad, as, out); } \
-    static void q8_c##C(const uint8_t *w, int nb, const sx_act_block *a, const float *ad,    \
-                        const int32_t *as, float *out) { tile_q(SX_Q8_0, C, w, nb, a, ad, as, out); }
+#define DEFQ(C)                                                                                                  \
+    static void q4_c##C(const uint8_t *w, int nb, const sx_act *a, size_t o, float *y) { tile_q(SX_Q4_0, C, w, nb, a, o, y); } \
+    static void q41_c##C(const uint8_t *w, int nb, const sx_act *a, size_t o, float *y) { tile_q(SX_Q4_1, C, w, nb, a, o, y); } \
+    static void q8_c##C(const uint8_t *w, int nb, const sx_act *a, size_t o, float *y) { tile_q(SX_Q8_0, C, w, nb, a, o, y); }
 QSHAPES(DEFQ)
 #undef DEFQ
-typedef void (*qtile_fn)(const uint8_t *, int, const sx_act_block *, const float *, const int32_t *, float *);
-static const qtile_fn Q4_TILES[] = {q4_c1, q4_c2, NULL, q4_c4};
-static const qtile_fn Q8_TILES[] = {q8_c1, q8_c2, NULL, q8_c4};
+static const sx_qtile_fn Q4_TILES[] = {q4_c1, q4_c2, NULL, q4_c4}, Q41_TILES[] = {q41_c1, q41_c2, NULL, q41_c4};
+static const sx_qtile_fn Q8_TILES[] = {q8_c1, q8_c2, NULL, q8_c4};
+
+static const sx_qtile_fn *qtiles(int type) {
+    switch (type) {
+    case SX_Q4_0: return Q4_TILES;
+    case SX_Q4_1: return Q41_TILES;
+    case SX_Q8_0: return Q8_TILES;
+    default: return sx_ktiles(type);
+    }
+}
 
 static void gemm_rows_q(const sx_mat *w, int r0, int r1, int n, const sx_act *act, float *y, int ys, int nrc) {
     const int nb = w->cols / SX_QK;
-    const size_t tb = w->type == SX_Q4_0 ? SX_Q4_TILE_BYTES : SX_Q8_TILE_BYTES;
-    const qtile_fn *tiles = w->type == SX_Q4_0 ? Q4_TILES : Q8_TILES;
+    const size_t tile = sx_packed_bytes(w->type, SX_TILE, w->cols); /* bytes per tile of 8 rows */
+    const sx_qtile_fn *tiles = qtiles(w->type);
     const int cmax = (nrc == 1 || nrc == 2 || nrc == 4) ? nrc : MAXC;
     float out[MAXC * SX_TILE];
+    if (!tiles) return;
     for (int r = r0; r < r1; r += SX_TILE) {
-        const uint8_t *wt = (const uint8_t *)w->data + (size_t)(r / SX_TILE) * nb * tb;
+        const uint8_t *wt = (const uint8_t *)w->data + (size_t)(r / SX_TILE) * tile;
         const int live = r1 - r < SX_TILE ? r1 - r : SX_TILE;
         for (int c = 0; c < n;) {
             int C = 1;
             while (C * 2 <= cmax && C * 2 <= n - c) C *= 2;
-            tiles[C - 1](wt, nb, act->blocks + (size_t)c * nb, act->scales + (size_t)c * nb,
-                         act->zq + (size_t)c * nb, out);
+            tiles[C - 1](wt, nb, act, (size_t)c * nb, out);
             for (int j = 0; j < C; j++)
                 for (int i = 0; i < live; i++)
                     y[(size_t)(c + j) * ys + r + i] = out[8 * j + i] + (w->bias ? w->bias[r + i] : 0.0f);
@@ -197,17 +198,24 @@ static void gemm_rows_q(const sx_mat *w, int r0, int r1, int n, const sx_act *ac
     }
 }
 
-/* ---- float32 tiles --------------------------------------------------------------------- */
+/* ---- float32 / float16 tiles ------------------------------------------------------------ */
 
-static inline __attribute__((always_inline)) void tile_f32(int R, int C, const float *w, int k,
-                                                            const float *x, float *y, int ys) {
+#ifdef SX_AVX2
+AI __m256 load8(const void *w, int f16, size_t i) {
+    return f16 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)w + i)))
+               : _mm256_loadu_ps((const float *)w + i);
+}
+#endif
+
+/* F16 weights: the same fused multiply-adds as F32 on the converted (exact) values. */
+AI void tile_f32(int f16, int R, int C, const void *w, int k, const float *x, float *y, int ys) {
 #ifdef SX_AVX2
     __m256 acc[MAXR][MAXC];
     for (int r = 0; r < R; r++)
         for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();
     for (int i = 0; i < k; i += 8)
         for (int r = 0; r < R; r++) {
-            const __m256 wv = _mm256_loadu_ps(w + (size_t)r * k + i);
+            const __m256 wv = load8(w, f16, (size_t)r * k + i);
             for (int c = 0; c < C; c++)
                 acc[r][c] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + (size_t)c * k + i), acc[r][c]);
         }
@@ -215,20 +223,34 @@ static inline __attribute__((always_inline)) void tile_f32(int R, int C, const f
         for (int c = 0; c < C; c++) y[(size_t)c * ys + r] = sx_hsum8(acc[r][c]);
 #else
     for (int r = 0; r < R; r++)
-        for (int c = 0; c < C; c++) y[(size_t)c * ys + r] = sx_dot_f32(w + (size_t)r * k, x + (size_t)c * k, k);
+        for (int c = 0; c < C; c++) {
+            if (!f16) {
+                y[(size_t)c * ys + r] = sx_dot_f32((const float *)w + (size_t)r * k, x + (size_t)c * k, k);
+                continue;
+            }
+            const uint16_t *wr = (const uint16_t *)w + (size_t)r * k;
+            float l[8] = {0};
+            for (int i = 0; i < k; i += 8)
+                for (int j = 0; j < 8; j++) l[j] = fmaf(sx_h2f(wr[i + j]), x[(size_t)c * k + i + j], l[j]);
+            y[(size_t)c * ys + r] = sx_hsum8_scalar(l);
+        }
 #endif
 }
 
 #define FSHAPES(X) X(1, 1) X(1, 2) X(1, 4) X(2, 1) X(2, 2) X(2, 4) X(4, 1) X(4, 2) X(8, 1)
-#define DEFF(R, C)                                                                      \
-    static void f32_##R##x##C(const float *w, int k, const float *x, float *y, int ys) { \
-        tile_f32(R, C, w, k, x, y, ys);                                                 \
+#define DEFF(R, C)                                                                          \
+    static void f32_##R##x##C(const void *w, int k, const float *x, float *y, int ys) {     \
+        tile_f32(0, R, C, w, k, x, y, ys);                                                  \
+    }                                                                                       \
+    static void f16_##R##x##C(const void *w, int k, const float *x, float *y, int ys) {     \
+        tile_f32(1, R, C, w, k, x, y, ys);                                                  \
     }
 FSHAPES(DEFF)
 #undef DEFF
 #define PTR_F(R, C) f32_##R##x##C,
-typedef void (*ftile_fn)(const float *, int, const float *, float *, int);
-static const ftile_fn F32_TILES[] = {FSHAPES(PTR_F)};
+#define PTR_H(R, C) f16_##R##x##C,
+typedef void (*ftile_fn)(const void *, int, const float *, float *, int);
+static const ftile_fn F32_TILES[] = {FSHAPES(PTR_F)}, F16_TILES[] = {FSHAPES(PTR_H)};
 
 static int f32_shape(int R, int C) {
     static const int rs[] = {1, 1, 1, 2, 2, 2, 4, 4, 8}, cs[] = {1, 2, 4, 1, 2, 4, 1, 2, 1};
@@ -238,7 +260,8 @@ static int f32_shape(int R, int C) {
 }
 
 static void gemm_rows_f32(const sx_mat *w, int r0, int r1, int n, const float *x, float *y, int ys, int nrc) {
-    const int k = w->cols;
+    const int k = w->cols, f16 = w->type == SX_F16;
+    const ftile_fn *tiles = f16 ? F16_TILES : F32_TILES;
     const int R0 = (nrc == 1 || nrc == 2 || nrc == 4 || nrc == 8) ? nrc : (n >= 4 ? 2 : 4);
     for (int r = r0; r < r1;) {
         int R = R0;
@@ -247,8 +270,8 @@ static void gemm_rows_f32(const sx_mat *w, int r0, int r1, int n, const float *x
         for (int c = 0; c < n;) {
             int C = 1;
             while (C * 2 <= cmax && C * 2 <= n - c) C *= 2;
-            F32_TILES[f32_shape(R, C)]((const float *)w->data + (size_t)r * k, k, x + (size_t)c * k,
-                                       y + (size_t)c * ys + r, ys);
+            tiles[f32_shape(R, C)]((const char *)w->data + (size_t)r * k * (f16 ? 2 : 4), k, x + (size_t)c * k,
+                                   y + (size_t)c * ys + r, ys);
             c += C;
         }
         if (w->bias)
@@ -261,8 +284,19 @@ static void gemm_rows_f32(const sx_mat *w, int r0, int r1, int n, const float *x
 /* ---- drivers --------------------------------------------------------------------------- */
 
 void sx_gemm_rows(const sx_mat *w, int r0, int r1, int n, const sx_act *act, float *y, int ys, int nrc) {
-    if (w->type == SX_F32) gemm_rows_f32(w, r0, r1, n, act->x, y, ys, nrc);
-    else gemm_rows_q(w, r0, r1, n, act, y, ys, nrc);
+    if (w->n_parts > 0) { /* a stack: each part computes its share of [r0, r1) */
+        int off = 0;
+        for (int p = 0; p < w->n_parts; p++) {
+            const sx_mat *part = &w->parts[p];
+            const int a = r0 > off ? r0 : off, b = r1 < off + part->rows ? r1 : off + part->rows;
+            if (a < b) sx_gemm_rows(part, a - off, b - off, n, act, y + off, ys, nrc);
+            off += part->rows;
+        }
+    } else if (w->type == SX_F32 || w->type == SX_F16) {
+        gemm_rows_f32(w, r0, r1, n, act->x, y, ys, nrc);
+    } else {
+        gemm_rows_q(w, r0, r1, n, act, y, ys, nrc);
+    }
 }
 
 void sx_partition(int rows, int t, int nt, int *r0, int *r1) {
@@ -288,21 +322,32 @@ static void q4_zero_terms(const sx_act_block *blocks, int count, int32_t *zq) {
     }
 }
 
+static unsigned type_mask(const sx_mat *w) { /* bit t: a part of type t */
+    if (w->n_parts <= 0) return w->type >= 0 && w->type < 32 ? 1u << w->type : 0;
+    unsigned m = 0;
+    for (int p = 0; p < w->n_parts; p++) m |= type_mask(&w->parts[p]);
+    return m;
+}
+
 void sx_act_prepare(const sx_mat *w, const float *x, int n, sx_act *act) {
     act->x = x;
-    if (w->type == SX_F32) return;
+    const unsigned m = type_mask(w), count = (unsigned)n * (w->cols / SX_QK);
+    if (!(m & ~((1u << SX_F32) | (1u << SX_F16)))) return;
     sx_quantize_act(x, n, w->cols, act->blocks, act->scales, act->zq);
-    if (w->type == SX_Q4_0) q4_zero_terms(act->blocks, n * (w->cols / SX_QK), act->zq);
+    if (m & ((1u << SX_Q4_1) | (1u << SX_Q4_K) | (1u << SX_Q5_K)))
+        for (unsigned i = 0; i < count; i++) act->xsum[i] = act->scales[i] * (float)act->zq[i];
+    sx_kquant_act(m, (int)count, act);
+    if (m & (1u << SX_Q4_0)) q4_zero_terms(act->blocks, (int)count, act->zq);
 }
 
 void sx_gemm(const sx_mat *w, int n, const float *x, float *y, int n_threads, int nrc) {
-    const int nb = w->cols / SX_QK;
+    const size_t nb = (size_t)n * (w->cols / SX_QK);
     sx_act act = {0};
-    if (w->type != SX_F32) {
-        act.blocks = (sx_act_block *)malloc((size_t)n * nb * sizeof(sx_act_block) + 32);
-        act.scales = (float *)malloc((size_t)n * nb * sizeof(float) + 4);
-        act.zq = (int32_t *)malloc((size_t)n * nb * sizeof(int32_t) + 4);
-    }
+    act.blocks = (sx_act_block *)malloc(nb * sizeof(sx_act_block) + 64);
+    act.scales = (float *)malloc(nb * sizeof(float) + 4);
+    act.zq = (int32_t *)malloc(nb * sizeof(int32_t) + 4);
+    act.xsum = (float *)malloc(nb * sizeof(float) + 4);
+    act.hsum = (int32_t *)malloc(2 * nb * sizeof(int32_t) + 8);
     sx_act_prepare(w, x, n, &act);
 #pragma omp parallel num_threads(n_threads < 1 ? 1 : n_threads)
     {
@@ -313,6 +358,8 @@ void sx_gemm(const sx_mat *w, int n, const float *x, float *y, int n_threads, in
     free(act.blocks);
     free(act.scales);
     free(act.zq);
+    free(act.xsum);
+    free(act.hsum);
 }
 
 void sx_pack(int type, const void *rowmajor, int rows, int cols, void *packed, int n_threads, int paired) {

@@ -1,6 +1,7 @@
 /* Internal interface between the GEMM and the fused decode step. */
 #ifndef SX_GEMM_H
 #define SX_GEMM_H
+#include "simd.h"
 #include "sx.h"
 
 #define SX_PART 8 /* rows per unit of the thread partition: one packed tile */
@@ -19,13 +20,65 @@ typedef struct {
     const float *x;
     sx_act_block *blocks;
     float *scales;
-    int32_t *zq; /* per block: Q4_0's zero-point term, in the form the tiles add it */
+    int32_t *zq; /* per block: the quants' sum; Q4_0's zero-point term (in the form the tiles add
+                    it) where the matrix has a Q4_0 part */
+    float *xsum;   /* per block: scale x sum of the quants (Q4_1's m and the K-quants' mins) */
+    int32_t *hsum; /* 2 per block: Q6_K's zero-point terms of quants 0-15, 16-31 (kquant.c) */
 } sx_act;
 
 /* Pack tiles [t0, t1) of a GGML row-major matrix (quant.c). */
 void sx_pack_tiles(int type, const void *rowmajor, int rows, int cols, void *packed, int t0, int t1);
 void sx_partition(int rows, int t, int nt, int *r0, int *r1);
+/* Quantize x for every part type of w; act's arrays hold n * cols / 32 entries. */
 void sx_act_prepare(const sx_mat *w, const float *x, int n, sx_act *act);
 /* Rows [r0, r1) of y (row stride ys) for all n activation rows. */
 void sx_gemm_rows(const sx_mat *w, int r0, int r1, int n, const sx_act *act, float *y, int ys, int nrc);
+/* ---- shared by the tile code of gemm.c and kquant.c ------------------------------------- */
+
+#define SX_MAXC 4 /* activation rows per tile call at most */
+#define SX_AI static inline __attribute__((always_inline))
+/* Chunked position of quant byte q (of a run of 32 per row) of row r in a tile-block. */
+#define SX_CHUNK(q, r) (32 * ((q) / 4) + 4 * (r) + (q) % 4)
+
+/* One tile of 8 rows x C activation rows (C = 1, 2, 4 by the table index C - 1): w the tile's
+ * first block, nb 32-column blocks per row, activations from block a0, out[8 c + r]. */
+typedef void (*sx_qtile_fn)(const uint8_t *w, int nb, const sx_act *act, size_t a0, float *out);
+/* kquant.c: the tiles of Q4_K, Q5_K, Q6_K (NULL for another type) and their activation terms. */
+const sx_qtile_fn *sx_ktiles(int type);
+void sx_kquant_act(unsigned type_mask, int count, sx_act *act);
+
+#ifdef SX_AVX2
+/* acc + per int32 lane the sum of 4 u8 x s8 products. */
+SX_AI __m256i dot_us(__m256i acc, __m256i u, __m256i s) {
+#ifdef SX_VNNI
+    return _mm256_dpbusd_epi32(acc, u, s);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+#endif
+}
+
+SX_AI __m256i bcast4(const void *p) { /* 4 bytes into every int32 lane */
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+
+#else
+SX_AI int dot32(const int8_t *w, const int8_t *a) {
+#ifdef SX_NEON
+    const int32x4_t z = vdupq_n_s32(0);
+    return vaddvq_s32(vdotq_s32(vdotq_s32(z, vld1q_s8(w), vld1q_s8(a)), vld1q_s8(w + 16), vld1q_s8(a + 16)));
+#else
+    int s = 0;
+    for (int i = 0; i < SX_QK; i++) s += w[i] * a[i];
+    return s;
+#endif
+}
+
+SX_AI int dot16(const int8_t *w, const int8_t *a) {
+    int s = 0;
+    for (int i = 0; i < 16; i++) s += w[i] * a[i];
+    return s;
+}
+#endif
 #endif

@@ -1,4 +1,4 @@
-/* sysHAX CPU kernels: GGML Q8_0/Q4_0 block formats, small-batch GEMM, a fused decode step.
+/* sysHAX CPU kernels: GGML block formats (Q8_0/Q4_0 quantized here; F16, Q4_1 and the K-quants read as stored), small-batch GEMM, a fused decode step.
  *
  * Plain C ABI (loaded with ctypes, no torch headers: builds in seconds with gcc). One build is
  * compiled for the machine it runs on (-march=native); `SX_PORTABLE` forces the scalar path,
@@ -11,34 +11,73 @@
 #include <stdint.h>
 
 /* Weight types, numbered as ggml's GGMLQuantizationType. */
-enum { SX_F32 = 0, SX_Q4_0 = 2, SX_Q8_0 = 8 };
-#define SX_QK 32 /* weights per block */
+enum {
+    SX_STACK = -1, /* an sx_mat that is a row-stack of parts (n_parts > 0) */
+    SX_F32 = 0, SX_F16 = 1, SX_Q4_0 = 2, SX_Q4_1 = 3, SX_Q5_0 = 6, SX_Q5_1 = 7, SX_Q8_0 = 8,
+    SX_Q4_K = 12, SX_Q5_K = 13, SX_Q6_K = 14
+};
+#define SX_QK 32  /* weights per block */
+#define SX_QKK 256 /* weights per K-quant super-block */
 
 typedef struct { uint16_t d; uint8_t qs[SX_QK / 2]; } sx_block_q4_0; /* 18 bytes, as in GGUF */
 typedef struct { uint16_t d; int8_t qs[SX_QK]; } sx_block_q8_0;      /* 34 bytes, as in GGUF */
+/* The other GGUF blocks, byte for byte as stored (value of weight i):
+ * Q4_1 (20): d, m fp16; qs[16] (byte j: weights j low, j+16 high nibble)   d*q + m
+ * Q5_0 (22): d fp16; qh u32 (bit i: 5th bit of weight i); qs[16] as Q4_0  d*(q-16)
+ * Q5_1 (24): d, m fp16; qh u32; qs[16]                                     d*q + m
+ * Q4_K (144): d, dmin fp16; scales[12] (8 6-bit scales sc and mins mn, ggml's packing);
+ *   qs[128]: sub-block s (32 weights) in the low (s even) / high (s odd) nibbles of
+ *   qs[32 (s/2) .. 32 (s/2) + 31]                                          (d*sc)*q - dmin*mn
+ * Q5_K (176): d, dmin, scales[12], qh[32] (bit s of qh[i]: 5th bit of sub-block s weight i),
+ *   qs[128] as Q4_K                                                        (d*sc)*q - dmin*mn
+ * Q6_K (210): ql[128], qh[64], int8 scales[16] (per 16 weights), d fp16; weight
+ *   128h + 32t + i (h < 2, t < 4, i < 32): low 4 bits from ql[64h + 32(t%2) + i] (low nibble if
+ *   t < 2, else high), high 2 bits (qh[32h + i] >> 2t) & 3                 (d*sc)*(q-32) */
 
 /* An activation block quantized to 8 bits: the quants, and the same plus 128 as unsigned bytes
  * (the unsigned operand VPDPBUSD needs against signed Q8_0 weights). Scales and sums of the
  * quants are kept in arrays of their own. */
 typedef struct { int8_t qs[SX_QK]; uint8_t qu[SX_QK]; } sx_act_block;
 
-/* Packed weights: Q4_0/Q8_0 matrices are repacked at load into tiles of 8 rows. For each tile
+/* Packed weights: block matrices are repacked at load into tiles of 8 rows. For each tile
  * and each 32-column block: the 8 rows' fp16 scales, then 32-byte chunks each holding the same
  * 4 quant bytes of all 8 rows (row r at bytes 4r..4r+3), so one VPDPBUSD of a chunk against a
  * broadcast group of 4 activations adds 4 products to each of the 8 rows' sums at once.
  * Q4_0: 16 + 4 x 32 = 144 bytes (= 8 GGML blocks; byte i of a row holds quants i and i + 16);
- * Q8_0: 16 + 8 x 32 = 272 bytes. Rows are padded to a multiple of 8 with zero blocks. */
+ * Q8_0: 16 + 8 x 32 = 272 bytes. Rows are padded to a multiple of 8 with zero blocks.
+ * Q4_1: d[8], m[8] fp16, then the 4 chunks as Q4_0: 160 bytes per 32 columns (= 8 blocks).
+ * K-quants, per tile and 256-column super-block (arrays [sub-block][row] of bytes):
+ * Q4_K: d[8], dmin[8] fp16 (32 bytes); sc[8][8], mn[8][8] unpacked 6-bit values (128);
+ *   then for each pair of sub-blocks (2j, 2j+1) the 8 rows' qs[32j .. 32j+31] in 8 chunks as
+ *   above (256 bytes: low nibbles = sub-block 2j, high = 2j + 1). 1184 bytes (file: 1152),
+ *   4.625 bits per weight.
+ * Q5_K: as Q4_K, then qh[32] of the 8 rows in 8 chunks (256): 1440 bytes (file: 1408),
+ *   5.625 bits per weight.
+ * Q6_K: d[8] fp16 (16); per 32-column block b the 16 int8 scales (row r: its scale of weights
+ *   0-15 of b at byte 2r, of 16-31 at 2r+1) (128); ql: for each g = 2h + k (h, k < 2) the 8
+ *   rows' ql[32g .. 32g+31] in 8 chunks (1024: low nibbles = block 4h + k, high = 4h + k + 2);
+ *   qh: for each h the 8 rows' qh[32h .. 32h+31] in 8 chunks (512). 1680 bytes = 8 file
+ *   blocks exactly, 6.5625 bits per weight.
+ * F16: the file's row-major fp16 rows as they are (no tiles, no padding). */
 #define SX_TILE 8
 #define SX_Q4_TILE_BYTES 144
 #define SX_Q8_TILE_BYTES 272
+#define SX_Q41_TILE_BYTES 160
+#define SX_Q4K_TILE_BYTES 1184
+#define SX_Q5K_TILE_BYTES 1440
+#define SX_Q6K_TILE_BYTES 1680
 
-typedef struct {
-    int32_t type;      /* SX_F32 | SX_Q4_0 | SX_Q8_0 */
+typedef struct sx_mat {
+    int32_t type;      /* SX_F32 | SX_F16 | SX_Q4_0 | SX_Q4_1 | SX_Q8_0 | SX_Q4_K | SX_Q5_K | SX_Q6_K
+                          | SX_STACK */
     int32_t rows;      /* output features */
-    int32_t cols;      /* input features (a multiple of 32) */
-    int32_t pad_;
-    const void *data;  /* F32: rows x cols row-major; Q4_0/Q8_0: packed tiles (see above) */
-    const float *bias; /* [rows] or NULL */
+    int32_t cols;      /* input features (a multiple of 32; of 256 for K-quants) */
+    int32_t n_parts;   /* SX_STACK: the number of parts; else 0 */
+    const void *data;  /* F32/F16: rows x cols row-major; block types: packed tiles (see above) */
+    const float *bias; /* [rows] or NULL (SX_STACK: NULL; each part has its own) */
+    /* SX_STACK: rows are parts[0]'s, then parts[1]'s, ...; all have `cols` columns and every
+     * part but the last a multiple of 8 rows. A part may not itself be a stack. */
+    const struct sx_mat *parts;
 } sx_mat;
 
 typedef struct {
@@ -55,11 +94,14 @@ typedef struct {
     int32_t n_layers, hidden, n_heads, n_kv_heads, head_dim, inter, vocab, max_len, n_slots;
     int32_t kv_f16; /* 1: the KV cache holds fp16 (rounded to nearest even), 0: float32 */
     float eps;
-    const float *embed;      /* [vocab, hidden] */
+    const void *embed;       /* [vocab, hidden] rows of embed_type, GGML row-major blocks */
     const float *final_norm; /* [hidden] */
     sx_mat lm_head;
     const float *rope_cos, *rope_sin; /* [max_len, head_dim], Hugging Face rotate-half layout */
     const sx_layer *layers;
+    int32_t embed_type;      /* SX_F32 (default), SX_F16 or any block type (as stored, unpacked) */
+    int32_t embed_pad_;
+    int64_t embed_row_bytes; /* row stride of embed in bytes; 0: sx_row_bytes(embed_type, hidden) */
 } sx_model;
 
 typedef struct sx_ctx sx_ctx;
@@ -67,9 +109,18 @@ typedef struct sx_ctx sx_ctx;
 const char *sx_simd(void);
 int sx_max_threads(void);
 
-/* Weights: GGML reference quantization (bit-exact with ggml-quants.c / gguf-py). n % 32 == 0. */
+/* Weights: GGML reference quantization (bit-exact with ggml-quants.c / gguf-py), Q8_0 and Q4_0.
+ * n % 32 == 0. */
 void sx_quantize(int type, const float *x, int64_t n, void *out);
+/* Every type above (n a multiple of the type's block), bit-exact with gguf-py's dequantize. */
 void sx_dequantize(int type, const void *in, int64_t n, float *out);
+/* Weights per block (1 for F32/F16, 32, 256 for K-quants) and bytes per row of `cols`; 0 for
+ * an unknown type. */
+int sx_block_elems(int type);
+size_t sx_row_bytes(int type, int64_t cols);
+/* out[i, :] = dequantized row ids[i] of a row-major table (row stride row_bytes). */
+void sx_dequantize_rows(int type, const void *table, int64_t row_bytes, int cols, const int64_t *ids,
+                        int n, float *out);
 /* Activations: n rows of k floats -> int8 blocks, float scales, int32 sums of the quants. */
 void sx_quantize_act(const float *x, int n, int k, sx_act_block *out, float *scales, int32_t *sums);
 

@@ -1,0 +1,161 @@
+"""CPU decode at real model shapes: our kernels vs llama.cpp on the same random-weight GGUFs.
+
+`python bench/cpu_decode.py --shape 1b|3b|8b|qwen7b` runs this. For each --shape-types entry
+the file is made by bench/gguf_shapes.py (random weights with a public model's shape, SmolLM2's
+tokenizer, quantized by llama.cpp's own quantizer: SPEED ONLY, the text is meaningless), then
+each engine runs in a child process of its own, so its load time and peak RSS are its own:
+
+* syshax: `Engine(quantize="stored", op_mode="fused")`, the CPU default for a GGUF: the
+  file's blocks as stored, the fused decode step;
+* llama.cpp: llama-cpp-python (its libraries swapped for a native build with
+  LLAMA_CPP_LIB_PATH, see bench/llama_native.sh), the same file, the same threads.
+
+Reported per engine: load seconds, peak RSS (VmHWM) and RSS after the runs, prefill tok/s,
+decode tok/s at each batch, our ratio to llama.cpp, and batch 1 against the bandwidth limit
+(measured GB/s / bytes read per token: every matrix as stored + one embedding row).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+import engine as engine_bench  # noqa: E402
+import gguf_shapes  # noqa: E402
+
+
+def _status(key: str) -> int:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith(key):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def child(args: argparse.Namespace) -> None:
+    """Run one engine on one file; print its row as JSON on the last line."""
+    import cpu_decode
+
+    path = Path(args.child_model)
+    threads, prompts, _ = engine_bench.setup(args, path)
+    if args.child == "syshax":
+        from syshax.workers.cpu import lib
+
+        lib.load()  # a first-run compile is not load time
+        row = cpu_decode.bench_ours(args, path, prompts, "stored", "fused")
+    else:
+        row = cpu_decode.bench_llama(args, path, prompts, "stored", threads)
+    out = asdict(row) | {"peak_rss": _status("VmHWM:"), "rss": _status("VmRSS:")}
+    print(json.dumps(out))
+
+
+def read_bytes_per_token(path: Path) -> int:
+    """Bytes a batch-1 decode step reads: every 2-D tensor but the embedding (the LM head is
+    the embedding when tied) as stored, plus one embedding row."""
+    from syshax.workers.engine.gguf_weights import open_gguf
+
+    gg = open_gguf(path)
+    total = sum(t.nbytes for n, t in gg.tensors.items() if len(t.shape) == 2)
+    embed = gg.tensors["model.embed_tokens.weight"]
+    if "lm_head.weight" in gg.tensors:
+        total -= embed.nbytes
+    return total + embed.nbytes // embed.shape[0]
+
+
+def run(args: argparse.Namespace) -> None:
+    import cpu_decode
+
+    threads, _, info = engine_bench.setup(args, Path(__file__))
+    info["bandwidth_gbs"] = cpu_decode.bandwidth_gbs(args.bandwidth_mb)
+    info.update(cpu_decode.simd_info())
+    print(f"# memory bandwidth: {info['bandwidth_gbs']:.1f} GB/s ({threads} threads)", flush=True)
+    model = gguf_shapes.SHAPES[args.shape][0]
+    print(f"# {args.shape}: random weights in {model}'s shape (speed only)", flush=True)
+    rows = []
+    for ftype in args.shape_types:
+        path = gguf_shapes.shaped(args.shape, ftype, threads)
+        size = path.stat().st_size
+        limit = info["bandwidth_gbs"] * 1e9 / read_bytes_per_token(path)
+        for eng in ("syshax", "llama.cpp"):
+            if eng in args.skip:
+                continue
+            cmd = [sys.executable, __file__, "--child", eng, "--child-model", str(path)]
+            cmd += ["--threads", str(threads), "--batches", ",".join(map(str, args.batches))]
+            cmd += ["--new-tokens", str(args.new_tokens), "--prompt-tokens", str(args.prompt_tokens)]  # fmt: skip
+            cmd += ["--repeats", str(args.repeats)]
+            print(f"# running {eng} on {path.name} ...", file=sys.stderr, flush=True)
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            if proc.returncode != 0:
+                print(f"# {eng} {ftype} failed:\n{proc.stderr[-2000:]}", file=sys.stderr)
+                continue
+            row = json.loads(proc.stdout.strip().splitlines()[-1])
+            row.update(ftype=ftype, file_bytes=size, limit_b1=limit)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    print()
+    print(markdown(rows, args, info))
+
+
+def markdown(rows: list[dict], args: argparse.Namespace, info: dict) -> str:
+    gb = 1e9
+    bs = args.batches
+    lines = [
+        f"## CPU decode at the {args.shape} shape ({gguf_shapes.SHAPES[args.shape][0]}, random weights, "
+        "SmolLM2 tokenizer: speed only)",
+        "",
+        f"- machine: {info['cpu']}, {info['cores']} cores, {info['threads']} threads; memory "
+        f"bandwidth {info['bandwidth_gbs']:.1f} GB/s; syshax kernels `{info.get('syshax_simd', '?')}`, "
+        f"llama.cpp `{info.get('llama_cpp_cpu', '?')}`",
+        f"- date: {info['date']}; prompt {args.prompt_tokens} tokens, {args.new_tokens} new tokens, greedy",
+        "",
+        "| engine | file | file GB | load s | peak RSS GB | RSS / file | prefill tok/s | "
+        + " | ".join(f"decode b={b}" for b in bs)
+        + " | b=1 % of bandwidth limit | "
+        + " | ".join(f"vs llama.cpp b={b}" for b in bs)
+        + " |",
+        "|---|---|---:|---:|---:|---:|---:|" + "---:|" * (2 * len(bs) + 1),
+    ]
+    ref = {r["ftype"]: r for r in rows if r["engine"] == "llama.cpp"}
+    for r in rows:
+        dec = {int(k): v for k, v in r["decode_tps"].items()}
+        base = {int(k): v for k, v in ref.get(r["ftype"], {}).get("decode_tps", {}).items()}
+        cells = [
+            r["ftype"],
+            f"{r['file_bytes'] / gb:.2f}",
+            f"{r['load_s']:.2f}",
+            f"{r['peak_rss'] / gb:.2f}",
+            f"{r['peak_rss'] / r['file_bytes']:.2f}",
+            f"{r['prefill_tps']:.1f}",
+            *(f"{dec.get(b, 0):.1f}" for b in bs),
+            f"{100 * dec.get(1, 0) / r['limit_b1']:.0f}%",
+            *(
+                f"{dec[b] / base[b]:.2f}"
+                if r["engine"] != "llama.cpp" and b in base and b in dec
+                else "-"
+                for b in bs
+            ),  # fmt: skip
+        ]
+        lines.append(f"| {r['engine']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def parse_child(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    p.add_argument("--child", required=True)
+    p.add_argument("--child-model", required=True)
+    p.add_argument("--threads", type=int)
+    p.add_argument("--batches", type=lambda s: [int(x) for x in s.split(",")])
+    p.add_argument("--new-tokens", type=int)
+    p.add_argument("--prompt-tokens", type=int)
+    p.add_argument("--repeats", type=int)
+    p.add_argument("--verbose", action="store_true")
+    return p.parse_args(argv)
+
+
+if __name__ == "__main__":
+    child(parse_child(sys.argv[1:]))
