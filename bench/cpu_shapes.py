@@ -10,7 +10,8 @@ each engine runs in a child process of its own, so its load time and peak RSS ar
 * llama.cpp: llama-cpp-python (its libraries swapped for a native build with
   LLAMA_CPP_LIB_PATH, see bench/llama_native.sh), the same file, the same threads.
 
-Reported per engine: load seconds, peak RSS (VmHWM) and RSS after the runs, prefill tok/s,
+Each child starts with the file in the page cache (read once before it starts). Reported per
+engine: load seconds, peak RSS (VmHWM) and RSS after the runs, prefill tok/s,
 decode tok/s at each batch, our ratio to llama.cpp, and batch 1 against the bandwidth limit
 (measured GB/s / bytes read per token: every matrix as stored + one embedding row).
 """
@@ -54,6 +55,16 @@ def child(args: argparse.Namespace) -> None:
     print(json.dumps(out))
 
 
+def warm_page_cache(path: Path) -> None:
+    """Read the file once so every engine starts from the same warm page cache: llama.cpp maps
+    the file lazily (its load time reads nothing), ours packs it (reads everything), so a cold
+    cache would be charged to whichever engine reads first."""
+    buf = bytearray(64 * 2**20)
+    with open(path, "rb", buffering=0) as fh:
+        while fh.readinto(buf):
+            pass
+
+
 def read_bytes_per_token(path: Path) -> int:
     """Bytes a batch-1 decode step reads: every 2-D tensor but the embedding (the LM head is
     the embedding when tied) as stored, plus one embedding row."""
@@ -89,6 +100,7 @@ def run(args: argparse.Namespace) -> None:
             cmd += ["--new-tokens", str(args.new_tokens), "--prompt-tokens", str(args.prompt_tokens)]  # fmt: skip
             cmd += ["--repeats", str(args.repeats)]
             print(f"# running {eng} on {path.name} ...", file=sys.stderr, flush=True)
+            warm_page_cache(path)
             proc = subprocess.run(cmd, capture_output=True, text=True)
             if proc.returncode != 0:
                 print(f"# {eng} {ftype} failed:\n{proc.stderr[-2000:]}", file=sys.stderr)
