@@ -124,22 +124,28 @@ def farm(tmp_path_factory, redis_server):
         f.stop()
 
 
-@pytest.fixture(scope="module")
-def reference():
-    """Greedy output of one undisturbed engine (no farm), the text PD must reproduce; with the
-    farm's workers' weights: on this GPU-less host both run the CPU default rule (the GGUF's
-    own blocks, the fused step)."""
-    from syshax.shared.sampling import SamplingParams
+def local_engine(quantize: str = "stored"):
+    """An in-process engine with a farm worker's weights: on this GPU-less host every worker
+    runs the CPU default rule (the GGUF's own blocks, the fused step) unless its environment
+    asks for another `quantize`."""
     from syshax.workers.engine.engine import Engine
 
-    eng = Engine(
+    return Engine(
         None,
         max_model_len=MAX_LEN,
         max_num_seqs=1,
         progress=False,
-        quantize="stored",
+        quantize=quantize,
         op_mode="fused",
     )
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """Greedy output of one undisturbed engine (no farm), the text PD must reproduce."""
+    from syshax.shared.sampling import SamplingParams
+
+    eng = local_engine()
 
     def run(messages, max_tokens: int) -> tuple[str, list[int]]:
         ids = eng.tokenizer.encode_chat(messages)

@@ -8,9 +8,8 @@ from __future__ import annotations
 import pytest
 import redis
 from syshax.shared.sampling import SamplingParams
-from syshax.workers.engine.engine import Engine
 
-from ...test_farm_e2e import MAX_LEN, MESSAGES, MODEL, Farm
+from ...test_farm_e2e import MESSAGES, MODEL, Farm, local_engine
 
 N = 20
 
@@ -29,22 +28,7 @@ def kernel_farm(tmp_path_factory, redis_server):
 
 def _handoff_reference() -> tuple[str, list[int]]:
     params = SamplingParams(max_tokens=N, temperature=0.0)
-    xpu = Engine(
-        None,
-        max_model_len=MAX_LEN,
-        max_num_seqs=1,
-        progress=False,
-        quantize="stored",
-        op_mode="fused",
-    )
-    cpu = Engine(
-        None,
-        max_model_len=MAX_LEN,
-        max_num_seqs=1,
-        progress=False,
-        quantize="q4_0",
-        op_mode="fused",
-    )
+    xpu, cpu = local_engine(), local_engine("q4_0")
     ids = xpu.tokenizer.encode_chat(MESSAGES)
     xpu.add_request("r", ids, params)
     (first,) = xpu.step()
