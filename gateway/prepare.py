@@ -86,8 +86,8 @@ class Preparer:
         self.model_name = settings.model_name()
         self.accepted_names = {self.model_name, settings.model}
 
-    def check_model(self, model: str) -> None:
-        if model not in self.accepted_names:
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model not in self.accepted_names:
             raise APIError(
                 404,
                 f"The model `{model}` does not exist. This server serves `{self.model_name}`.",

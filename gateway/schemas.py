@@ -57,7 +57,8 @@ class ChatMessage(BaseModel):
 
 
 class _Generation(_Body):
-    model: str
+    # Optional, as in vLLM and llama-server: absent = the served model; a wrong one is a 404.
+    model: str | None = None
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)

@@ -54,11 +54,12 @@ def _positive_int(name: str) -> int | None:
 
 
 def debug() -> bool:
-    """DEBUG: 1 turns on debug logs (also true/yes/on; 0/false/no/off/unset = off)."""
+    """DEBUG: 1 turns on debug logs (also any positive integer, e.g. DEBUG=2, and
+    true/yes/on; 0/false/no/off/unset = off)."""
     value = _raw("DEBUG")
     if value is None or value.lower() in _FALSE:
         return False
-    if value.lower() in _TRUE:
+    if value.lower() in _TRUE or (value.isdigit() and int(value) > 0):
         return True
     raise EnvError(f"DEBUG={value!r} is not valid; allowed values: 1 or 0 (true/false, yes/no)")
 
@@ -96,9 +97,16 @@ def quantize() -> str | None:
     return _choice("SYSHAX_QUANTIZE", ("q8_0", "q4_0", "none"))
 
 
+NRC_VALUES = (1, 2, 4, 8)
+
+
 def nrc() -> int | None:
-    """NRC: CPU kernel tile size (rows computed per inner step); unset = the kernel's default."""
-    return _positive_int("NRC")
+    """NRC: CPU kernel tile size (rows computed per inner step: 1, 2, 4 or 8); unset = the
+    kernel's default."""
+    value = _positive_int("NRC")
+    if value is not None and value not in NRC_VALUES:
+        raise EnvError(f"NRC={value} is not valid; allowed values: 1, 2, 4, 8 or unset")
+    return value
 
 
 def kernel_cache_dir() -> Path:

@@ -48,8 +48,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from syshax.shared import env
 
+    try:
+        debug = env.debug()
+    except env.EnvError as exc:  # a clear message, not a traceback from every command
+        print(f"syshax: error: {exc}", file=sys.stderr)
+        return 2
     logging.basicConfig(
-        level=logging.DEBUG if env.debug() else logging.WARNING,
+        level=logging.DEBUG if debug else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     args = build_parser().parse_args(argv)

@@ -35,6 +35,17 @@ def test_unknown_model_404(farm):
     assert info.value.body["code"] == "model_not_found" and info.value.body["param"] == "model"
 
 
+def test_model_may_be_left_out(farm):
+    """As with vLLM and llama-server: no `model` = the served model (the seed's own curl)."""
+    f = farm()
+    r = post(f, "/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 3})
+    assert r.status_code == 200, r.text
+    assert r.json()["model"] == f.model
+    r = post(f, "/v1/completions", {"prompt": "Hello", "max_tokens": 3})
+    assert r.status_code == 200, r.text
+    assert r.json()["model"] == f.model
+
+
 def test_too_long_names_both_numbers(farm, tokenizer):
     f = farm(max_model_len=100)
     prompt_len = len(tokenizer.encode_chat(MESSAGES))

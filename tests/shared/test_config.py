@@ -317,6 +317,8 @@ def test_env_readers(monkeypatch: pytest.MonkeyPatch) -> None:
             "SYSHAX_QUANTIZE='q5_k' is not valid; allowed values: q8_0, q4_0",
         ),  # fmt: skip
         ("NRC", "zero", "NRC='zero' is not valid; expected a positive integer"),
+        ("NRC", "3", "NRC=3 is not valid; allowed values: 1, 2, 4, 8"),
+        ("NRC", "16", "NRC=16 is not valid; allowed values: 1, 2, 4, 8"),
         ("OMP_NUM_THREADS", "0", "OMP_NUM_THREADS='0' is not valid; expected a positive integer"),
         ("DEBUG", "verbose", "DEBUG='verbose' is not valid; allowed values: 1 or 0"),
     ],
@@ -328,6 +330,30 @@ def test_env_readers_validate(
     with pytest.raises(env.EnvError) as info:
         env.ENV_VARS[name]()
     assert str(info.value).startswith(message)
+
+
+def test_debug_takes_any_positive_level(monkeypatch: pytest.MonkeyPatch) -> None:
+    for value, on in (("2", True), ("1", True), ("0", False), ("off", False)):
+        monkeypatch.setenv("DEBUG", value)
+        assert env.debug() is on
+
+
+def test_a_bad_debug_value_is_one_clear_line_not_a_traceback(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    run_env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "DEBUG": "verbose"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "syshax.cli", "check-config"],
+        capture_output=True,
+        text=True,
+        env=run_env,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (
+        "syshax: error: DEBUG='verbose' is not valid; allowed values: 1 or 0 (true/false, yes/no)"
+    )
 
 
 def test_config_modules_do_not_import_torch_or_redis() -> None:
