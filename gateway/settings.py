@@ -6,6 +6,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from syshax.shared.config import derive_model_name
 from syshax.shared.models import GGUF_MAGIC, default_model_path, read_gguf_metadata
 
 DEFAULT_MAX_MODEL_LEN = 2048  # when neither the settings nor the model say less
@@ -36,10 +37,8 @@ class GatewaySettings:
     def model_name(self) -> str:
         if self.served_model_name:
             return self.served_model_name
-        if self.model in ("", "default"):
-            return "SmolLM2-135M-Instruct"
-        path = Path(self.model)
-        return path.stem if path.suffix.lower() == ".gguf" else path.name or self.model
+        # The one derivation config, check-config and /v1/models share (".Q4_K_M" stripped).
+        return derive_model_name(self.model or "default")
 
     def resolved_max_model_len(self) -> int:
         if self.max_model_len:

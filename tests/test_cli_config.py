@@ -124,6 +124,8 @@ def test_check_config(path: Path, capsys) -> None:
     out = capsys.readouterr().out
     assert "using the built-in defaults" in out and "config OK:" in out
     assert "redis: embedded" in out and "(served as SmolLM2-135M-Instruct)" in out
+    # The default rule for CPU workers, said in words (the bundled model is a GGUF).
+    assert "cpu workers: the GGUF's own blocks as stored (native kernels), fused native " in out
     assert main(["init", "--config", str(path)]) == 0
     capsys.readouterr()
     assert main(["check-config", "--config", str(path)]) == 0
@@ -152,6 +154,20 @@ def test_check_config_reports_bad_file_and_env(path: Path, monkeypatch, capsys) 
     assert (
         "INFERENCE_OP_MODE='bogus' is not valid; allowed values: fused" in capsys.readouterr().out
     )
+
+
+def test_check_config_lists_a_bad_thread_count_once(path: Path, monkeypatch, capsys) -> None:
+    monkeypatch.setenv("OMP_NUM_THREADS", "0")
+    assert main(["check-config"]) == 1
+    out = capsys.readouterr().out
+    assert out.count("OMP_NUM_THREADS='0' is not valid") == 1
+    assert "1 problem(s):" in out
+
+
+def test_check_config_says_when_the_env_turns_the_kernels_off(monkeypatch, capsys) -> None:
+    monkeypatch.setenv("SYSHAX_QUANTIZE", "none")
+    assert main(["check-config"]) == 0
+    assert "cpu workers: float PyTorch weights, PyTorch ops;" in capsys.readouterr().out
 
 
 def test_config_help_lists_every_key_subprocess() -> None:

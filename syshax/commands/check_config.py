@@ -66,6 +66,9 @@ def _cpu_worker_problems(cfg) -> list[str]:
 
     try:
         threads = env.omp_num_threads() or resolve_threads(cfg.cpu.threads)
+    except env.EnvError:
+        return []  # already reported with the other variables
+    try:
         resolve_affinity(env.custom_cpu_affinity(), threads)
     except (env.EnvError, AffinityError) as exc:
         return [f"environment: {exc}"]
