@@ -28,7 +28,10 @@ logger = logging.getLogger(__name__)
 
 DTYPES = ("float32", "bfloat16", "float16")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
-KV_STORES = ("auto", "local", "shm", "redis")
+# A sequence whose decode stays on its prefill worker never leaves that process; between
+# workers a KV cache waits in shared memory (one host) or Redis (any host). (An in-process
+# "local" store that could not cross processes was accepted here once and crashed the worker.)
+KV_STORES = ("auto", "shm", "redis")
 REDIS_SCHEMES = ("redis", "rediss", "unix")
 _WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 
@@ -80,7 +83,7 @@ KEY_DOCS: dict[str, str] = {
     "cpu.workers": "number of CPU decode worker processes",
     "cpu.threads": "torch threads per CPU decode worker; null = half the cores (min 1)",
     "queue.max_depth": "waiting prefill jobs beyond which the gateway answers 429 (with Retry-After)",
-    "kv.store": "where KV caches wait between prefill and decode: auto | local | shm | redis; auto = local in one process, shm on one host, redis across hosts",
+    "kv.store": "where KV caches wait between prefill and decode workers: auto | shm | redis; auto = shm when every decoder of the target class is on this host, else redis (a decode that stays on its prefill worker keeps its KV in process)",
     "kv.ttl": "seconds an unclaimed KV lease lives before the sweeper frees it",
     "output.ttl": "seconds the per-request output stream is kept (the SSE resume window)",
     "api_keys": "Bearer keys the gateway accepts; empty = no authentication",
