@@ -118,6 +118,13 @@ def kernel_cache_dir() -> Path:
     return (Path(base) if base else Path.home() / ".cache") / "syshax" / "kernels"
 
 
+def state_dir() -> Path:
+    """Where running farms publish their addresses (`shared/farm_file.py`): $XDG_STATE_HOME/
+    syshax, default ~/.local/state/syshax."""
+    base = _raw("XDG_STATE_HOME")
+    return (Path(base) if base else Path.home() / ".local" / "state") / "syshax"
+
+
 def kernel_march() -> str:
     """SYSHAX_KERNEL_MARCH: the -march the CPU kernels are compiled for (default native).
 

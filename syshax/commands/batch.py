@@ -106,13 +106,13 @@ def _setup(args: argparse.Namespace):
     from syshax.broker.keys import Keys
     from syshax.shared.config import load_config
 
+    from syshax.shared import farm_file
+    from syshax.shared.config import resolve_config_path
+
     cfg = load_config(args.config)
-    url = args.redis_url or cfg.redis.url
+    url = farm_file.redis_url(args.redis_url, cfg, resolve_config_path(args.config), "batch")
     if not url:
-        raise ValueError(
-            "no Redis URL: pass --redis-url or set redis.url "
-            "(syshax config redis.url redis://host:6379/0)"
-        )
+        raise ValueError(farm_file.NO_FARM)
     return cfg, url, Keys(cfg.redis.prefix)
 
 

@@ -53,13 +53,15 @@ def run(args: argparse.Namespace) -> int:
     from syshax.shared.config import ConfigError, load_config, redact_url
 
     try:
+        from syshax.shared import farm_file
+        from syshax.shared.config import resolve_config_path
+
         cfg = load_config(args.config)
-        url = args.redis_url or cfg.redis.url
+        url = farm_file.redis_url(
+            args.redis_url, cfg, resolve_config_path(args.config), "dashboard"
+        )
         if not url:
-            raise ValueError(
-                "no Redis URL: set redis.url (syshax config redis.url redis://host:6379/0) or pass "
-                "--redis-url; an embedded Redis (syshax run without redis.url) has no fixed address"
-            )
+            raise ValueError(farm_file.NO_FARM)
         argv, env = dashboard_argv(args, url)
         from rq_dashboard.cli import run as dashboard
     except (ConfigError, ValueError) as exc:

@@ -123,9 +123,16 @@ def run(args: argparse.Namespace) -> int:
     try:
         settings = settings_from_args(args)
         if not settings.redis_url:
-            raise ValueError(
-                "no Redis URL: pass --redis-url or set redis.url (syshax run starts an embedded one)"
-            )
+            from syshax.shared import farm_file
+            from syshax.shared.config import load_config, resolve_config_path
+
+            cfg = load_config(args.config)
+            path = resolve_config_path(args.config)
+            settings.redis_url = farm_file.redis_url(None, cfg, path, "gateway")
+        if not settings.redis_url:
+            from syshax.shared.farm_file import NO_FARM
+
+            raise ValueError(NO_FARM)
         serve(settings, log_level=args.log_level or ("debug" if env.debug() else "info"))
     except KeyboardInterrupt:  # uvicorn re-raises SIGINT after its graceful shutdown
         return 0

@@ -127,6 +127,13 @@ def run(args: argparse.Namespace) -> int:
         log.warning("started embedded Redis at %s", url)
     else:
         log.warning("using Redis at %s", redact_url(url))
+    from syshax.shared import farm_file
+    from syshax.shared.config import resolve_config_path
+
+    gateway_url = f"http://{cfg.conductor.host}:{cfg.conductor.port}/v1"
+    published = farm_file.publish(
+        resolve_config_path(args.config), cfg.redis.prefix, url, gateway_url
+    )
     children = _children(args, cfg, args.config, url)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -143,6 +150,7 @@ def run(args: argparse.Namespace) -> int:
         _supervise(children, env, stop)
     finally:
         _shutdown(children)
+        farm_file.remove(published)
         if embedded is not None:
             embedded.stop()
     return 0

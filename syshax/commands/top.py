@@ -113,9 +113,12 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"syshax top: {exc}", file=sys.stderr)
         return 2
-    url = args.redis_url or cfg.redis.url
+    from syshax.shared import farm_file
+    from syshax.shared.config import resolve_config_path
+
+    url = farm_file.redis_url(args.redis_url, cfg, resolve_config_path(args.config), "top")
     if not url:
-        print("syshax top: no Redis URL: pass --redis-url or set redis.url", file=sys.stderr)
+        print(f"syshax top: {farm_file.NO_FARM}", file=sys.stderr)
         return 2
     r = redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=5)
     keys = Keys(cfg.redis.prefix)

@@ -216,11 +216,12 @@ def run(args: argparse.Namespace) -> int:
     if args.heartbeat_ttl is not None and args.heartbeat_ttl < 2:
         log.error("--heartbeat-ttl must be at least 2 seconds, got %s", args.heartbeat_ttl)
         return 2
-    url = args.redis_url or cfg.redis.url
+    from syshax.shared import farm_file
+    from syshax.shared.config import resolve_config_path
+
+    url = farm_file.redis_url(args.redis_url, cfg, resolve_config_path(args.config), "worker")
     if not url:
-        log.error(
-            "no Redis URL: pass --redis-url or set redis.url (syshax run starts an embedded one)"
-        )
+        log.error("%s", farm_file.NO_FARM)
         return 2
     try:
         engine = _build_engine(args, cfg, device, slots, kernels)

@@ -1,0 +1,104 @@
+"""Where a running `syshax run` farm is, for the commands started beside it.
+
+`syshax run` with no `redis.url` starts an embedded Redis on a free port: nothing else could
+know that address. So `syshax run` publishes a small runtime file (its pid, the Redis URL, the
+gateway URL, the config file and key prefix) under the user's state directory, removes it when
+it exits, and every client command (batch, top, dashboard, worker, gateway) that has no
+`--redis-url` and no `redis.url` looks it up: the file for the same config file and prefix, so
+two farms on one host (two configs, or two prefixes) stay apart. A file whose pid is dead (a
+farm killed with SIGKILL) is ignored and removed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from . import env
+
+
+@dataclass(frozen=True)
+class FarmInfo:
+    pid: int
+    redis_url: str
+    gateway_url: str
+    config: str
+    prefix: str
+    started: float
+
+
+def farm_file(config: Path, prefix: str) -> Path:
+    key = hashlib.sha256(f"{Path(config).expanduser().absolute()}|{prefix}".encode()).hexdigest()
+    return env.state_dir() / "farms" / f"{key[:16]}.json"
+
+
+def publish(config: Path, prefix: str, redis_url: str, gateway_url: str) -> Path:
+    """Write this process's farm file (atomically: a reader never sees half of it)."""
+    info = FarmInfo(os.getpid(), redis_url, gateway_url, str(config), prefix, time.time())
+    path = farm_file(config, prefix)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(asdict(info)))
+    tmp.replace(path)
+    return path
+
+
+def remove(path: Path) -> None:
+    """Remove a farm file if it is still this process's."""
+    try:
+        if json.loads(path.read_text()).get("pid") == os.getpid():
+            path.unlink()
+    except (OSError, ValueError):
+        pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True
+
+
+def find(config: Path, prefix: str) -> FarmInfo | None:
+    """The running farm of this config file and prefix, or None."""
+    path = farm_file(config, prefix)
+    try:
+        info = FarmInfo(**json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+    if not _alive(info.pid):
+        path.unlink(missing_ok=True)  # a farm that was killed: its file is stale
+        return None
+    return info
+
+
+def redis_url(explicit: str | None, cfg, config: Path, command: str) -> str | None:
+    """The Redis URL a client command uses: --redis-url, else redis.url, else the running farm
+    of this config (saying so on stderr); None when there is none."""
+    url = explicit or cfg.redis.url
+    if url:
+        return url
+    farm = find(config, cfg.redis.prefix)
+    if farm is None:
+        return None
+    import sys
+
+    print(
+        f"syshax {command}: using the farm of `syshax run` (pid {farm.pid}, config "
+        f"{farm.config}): {farm.redis_url}",
+        file=sys.stderr,
+    )
+    return farm.redis_url
+
+
+NO_FARM = (
+    "no Redis URL: pass --redis-url, set redis.url (syshax config redis.url "
+    "redis://host:6379/0), or start the farm with `syshax run` (same config) first"
+)
