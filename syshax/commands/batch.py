@@ -104,10 +104,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _setup(args: argparse.Namespace):
     from syshax.broker.keys import Keys
-    from syshax.shared.config import load_config
-
     from syshax.shared import farm_file
-    from syshax.shared.config import resolve_config_path
+    from syshax.shared.config import load_config, resolve_config_path
 
     cfg = load_config(args.config)
     url = farm_file.redis_url(args.redis_url, cfg, resolve_config_path(args.config), "batch")
