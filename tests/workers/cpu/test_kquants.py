@@ -253,8 +253,9 @@ def test_fused_step_reads_embedding_blocks_as_stored(etype):
 def test_fused_stack_matches_float_weights():
     """A Q4_K_M-like layer (stacked q/k/v of Q4_K and Q6_K, gate Q5_K / up Q6_K) against the
     same step with float32 copies of the dequantized weights: equal within the activations'
-    8-bit quantization noise."""
-    emb = torch.randn(VOCAB, HIDDEN)
+    8-bit quantization noise. Seeded: a bound on rounding noise holds for typical inputs, and
+    an unseeded draw made the test fail now and then."""
+    emb = torch.randn(VOCAB, HIDDEN, generator=torch.Generator().manual_seed(0))
     quant = TinyModel(lib.stack_mats(_qkv_parts()), _gate_up(), emb, lib.F32).run(STEPS)
 
     def f32_of(m: lib.SxMat) -> lib.SxMat:

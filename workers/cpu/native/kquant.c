@@ -2,6 +2,9 @@
  * gemm.c's Q4_0 tiles with the K-quants' per-sub-block scales and mins, and a scalar twin that
  * computes the same bits (same exact integer sums, same fused multiply-adds in the same order). */
 #include "gemm.h"
+#ifndef SX_PF
+#define SX_PF 4096
+#endif
 
 #ifdef SX_AVX2
 SX_AI __m256i shift16(__m256i x, int left) { /* 16-bit lanes by `left` (< 0: right) */
@@ -101,6 +104,11 @@ SX_AI void tile_k6(int C, const uint8_t *w, int nb, const sx_act *act, size_t a0
 #pragma GCC unroll 8
         for (int b = 0; b < 8; b++) { /* unrolled: the shift counts become immediates */
             const int h = b / 4, t = b % 4, g = 2 * h + t % 2;
+            if (C == 1) { /* one activation row streams the weights from DRAM: software prefetch
+                           * SX_PF bytes ahead (no effect on results) */
+#pragma GCC unroll 4
+                for (int j = 0; j < 4; j++) _mm_prefetch((const char *)w + SX_PF + 256 * b + 64 * j, _MM_HINT_T0);
+            }
             const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + 16 + 16 * b)));
 #ifdef SX_VNNI
             const __m256i sl = _mm256_srai_epi32(_mm256_slli_epi32(sc16, 16), 16), sh = _mm256_srai_epi32(sc16, 16);
