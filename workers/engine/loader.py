@@ -164,7 +164,8 @@ def load_model(
         total=total,
         desc=f"loading {path.name}",
         unit="tensor",
-        disable=not progress,
+        # After the block matrices (their own bar) only norms are left: no second bar.
+        disable=not progress or report is not None,
         file=sys.stderr,
     )
     _assign_float(net, config, path, bar, dtype, device)

@@ -30,7 +30,6 @@ from .errors import ModelLoadError
 
 RUNTIME_ALLOWANCE = 512 * 2**20
 _Q8_0_BYTES_PER_WEIGHT = 34 / 32
-_NORMS_AND_VECTORS = 2  # 1-D tensors (norms, biases) are always float32
 
 
 @dataclass(frozen=True)
@@ -49,7 +48,7 @@ def gguf_weight_bytes(tensors, plan: str | None, dtype_bytes: int, native: froze
     total = 0
     for t in tensors:
         n = math.prod(t.shape)
-        if len(t.shape) < _NORMS_AND_VECTORS:
+        if len(t.shape) == 1:  # norms and biases are always float32
             total += 4 * n
         elif plan is None:
             total += dtype_bytes * n

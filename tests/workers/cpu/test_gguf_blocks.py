@@ -81,9 +81,9 @@ def test_other_block_types_are_requantized_from_float(tmp_path):
     assert (report.from_file, report.quantized) == (0, 5)
 
 
-def test_quantized_gguf_engine_generates_with_both_paths(tmp_path):
-    path, _ = _llama_file(tmp_path, T.Q4_0)
-    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+def greedy_on_both_paths(path, quantize: str, prompt: list[int], n: int, **kw) -> list[list[int]]:
+    """Greedy tokens of the PyTorch path and of the fused step, same weights."""
+    params = SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)
     outs = []
     for mode in (None, "fused"):
         e = Engine(
@@ -92,10 +92,17 @@ def test_quantized_gguf_engine_generates_with_both_paths(tmp_path):
             max_num_seqs=2,
             load_tokenizer=False,
             progress=False,
-            quantize="q4_0",
+            quantize=quantize,
             op_mode=mode,
+            **kw,
         )
-        outs.append([o.token_id for o in e.generate([1, 5, 9, 12], params)])
+        outs.append([o.token_id for o in e.generate(prompt, params)])
+    return outs
+
+
+def test_quantized_gguf_engine_generates_with_both_paths(tmp_path):
+    path, _ = _llama_file(tmp_path, T.Q4_0)
+    outs = greedy_on_both_paths(path, "q4_0", [1, 5, 9, 12], 12)
     assert len(outs[0]) == 12 and all(0 <= t < 40 for t in outs[0])
     # One layer, same blocks: the paths' float rounding differences do not reach the argmax.
     assert outs[0] == outs[1]

@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType as T
-from syshax.shared.sampling import SamplingParams
 from syshax.workers.cpu import lib
 from syshax.workers.cpu.quantized import QuantEmbedding, QuantLinear
 from syshax.workers.engine import memory
@@ -23,6 +22,7 @@ from syshax.workers.engine.errors import ModelLoadError
 from syshax.workers.engine.gguf_rope import unpermute_qk
 from syshax.workers.engine.loader import load_model
 
+from ..cpu.test_gguf_blocks import greedy_on_both_paths
 from ..cpu.test_kquants import random_blocks
 from .test_gguf_weights import _write
 
@@ -128,20 +128,7 @@ def test_stored_plan_equals_the_dequantized_model(tmp_path):
 
 def test_q4_k_m_mixture_is_greedy_equal_between_fused_and_pytorch_paths(tmp_path):
     path, _ = q4_k_m_file(tmp_path)
-    params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
-    outs = []
-    for mode in (None, "fused"):
-        e = Engine(
-            path,
-            max_model_len=64,
-            max_num_seqs=2,
-            load_tokenizer=False,
-            progress=False,
-            quantize="stored",
-            op_mode=mode,
-            kv_dtype="float32",
-        )
-        outs.append([o.token_id for o in e.generate([1, 5, 9, 12, 40], params)])
+    outs = greedy_on_both_paths(path, "stored", [1, 5, 9, 12, 40], 16, kv_dtype="float32")
     assert len(outs[0]) == 16 and all(0 <= t < VOCAB for t in outs[0])
     assert outs[0] == outs[1]
 
