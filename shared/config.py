@@ -56,6 +56,7 @@ _RULES: dict[str, dict[str, Any]] = {
     "gpu.port": _PORT,
     "gpu.device": {"pattern": r"auto|cpu|cuda(:\d+)?", "hint": "auto, cpu, cuda or cuda:N"},
     "cpu.port": _PORT,
+    "cpu.workers": {"lo": 0},
     "kv.store": {"choices": KV_STORES},
 }
 
@@ -67,6 +68,7 @@ KEY_DOCS: dict[str, str] = {
     "max_model_len": "context length (prompt + output tokens) allocated per sequence; at least 16",
     "auto_pd_offload": "send each decode to the CPU or the xPU, whichever is less loaded; false keeps every decode on the xPU",
     "cpu_max_batch_size": "most sequences a CPU decode worker runs at once",
+    "max_num_batched_tokens": "token rows one engine step computes at most: decodes of running sequences plus prompt chunks (longer prompts are split over steps, so running streams keep their pace); raised to the batch size if lower",
     "request_timeout": "seconds a request may take, end to end, before it is cancelled",
     "log_level": "debug | info | warning | error | critical (DEBUG=1 forces debug)",
     "redis.url": "null = start an embedded Redis on a free port (syshax run); else redis://[:password@]host:port/db, rediss:// for TLS, or unix:///path.sock",
@@ -77,10 +79,10 @@ KEY_DOCS: dict[str, str] = {
     "gpu.port": "port of the xPU worker's /metrics and /health endpoint",
     "gpu.device": "auto | cuda | cuda:N | cpu; auto = cuda when a CUDA device exists, else the CPU",
     "gpu.max_batch_size": "most sequences the xPU worker decodes at once",
-    "gpu.threads": "torch threads when the xPU worker runs on the CPU; null = half the cores (min 1)",
+    "gpu.threads": "threads when the xPU worker runs on the CPU; null = every core when it is the only worker (no accelerator, cpu.workers 0), else half the cores (min 1)",
     "cpu.host": "address of the CPU decode workers' /metrics and /health endpoints",
     "cpu.port": "port of the first CPU decode worker's /metrics and /health; worker i uses port + i",
-    "cpu.workers": "number of CPU decode worker processes",
+    "cpu.workers": "number of CPU decode worker processes; null = 1 with an accelerator, 0 without (one worker with both roles on every core: two would split the same cores)",
     "cpu.threads": "torch threads per CPU decode worker; null = half the cores (min 1)",
     "queue.max_depth": "waiting prefill jobs beyond which the gateway answers 429 (with Retry-After)",
     "kv.store": "where KV caches wait between prefill and decode workers: auto | shm | redis; auto = shm when every decoder of the target class is on this host, else redis (a decode that stays on its prefill worker keeps its KV in process)",
@@ -124,7 +126,7 @@ class GpuConfig:
 class CpuConfig:
     host: str = "127.0.0.1"
     port: int = 8012
-    workers: int = 1
+    workers: int | None = None
     threads: int | None = None
 
 
@@ -154,6 +156,7 @@ class Config:
     max_model_len: int = 2048
     auto_pd_offload: bool = True
     cpu_max_batch_size: int = 8
+    max_num_batched_tokens: int = 256
     request_timeout: int = 600
     log_level: str = "info"
     redis: RedisConfig = field(default_factory=RedisConfig)
@@ -563,14 +566,14 @@ def validate(cfg: Config) -> list[str]:
             problems.append(f"{key}: {exc}")
     endpoints = [("conductor.port", cfg.conductor.host, cfg.conductor.port)]
     endpoints.append(("gpu.port", cfg.gpu.host, cfg.gpu.port))
-    if isinstance(cfg.cpu.workers, int) and isinstance(cfg.cpu.port, int):
-        for i in range(cfg.cpu.workers):
+    # null workers: checked as the one worker it means with an accelerator
+    n_cpu = 1 if cfg.cpu.workers is None else cfg.cpu.workers
+    if isinstance(n_cpu, int) and isinstance(cfg.cpu.port, int):
+        for i in range(n_cpu):
             name = "cpu.port" if i == 0 else f"cpu.port + {i} (CPU worker {i})"
             endpoints.append((name, cfg.cpu.host, cfg.cpu.port + i))
-        if cfg.cpu.port + cfg.cpu.workers - 1 > 65535:
-            problems.append(
-                f"cpu.port: {cfg.cpu.workers} workers from port {cfg.cpu.port} pass 65535"
-            )
+        if cfg.cpu.port + n_cpu - 1 > 65535:
+            problems.append(f"cpu.port: {n_cpu} workers from port {cfg.cpu.port} pass 65535")
     for i, (name_a, host_a, port_a) in enumerate(endpoints):
         for name_b, host_b, port_b in endpoints[i + 1 :]:
             same_host = (

@@ -22,8 +22,8 @@ if TYPE_CHECKING:
 
 def decide(worker: Worker, job: Job) -> Decision:
     """Ask the dispatcher (and record its answer) for a sequence just prefilled here."""
-    seq = worker.engine.sequences[job.request_id]
-    remaining = (job.params.max_tokens or worker.engine.max_model_len) - len(seq.output_ids)
+    generated = len(worker.engine.output_ids(job.request_id))
+    remaining = (job.params.max_tokens or worker.engine.max_model_len) - generated
     # Our own numbers live, the others' from their heartbeats.
     static = worker.heartbeat.static
     me = {**static, **{k: str(v) for k, v in worker.load_fields().items()}}
@@ -38,7 +38,7 @@ def send(worker: Worker, job: Job, device_class: str) -> None:
     """Export the sequence's KV and queue its decode job on `device_class`'s stream."""
     rid = job.request_id
     engine = worker.engine
-    output_ids = list(engine.sequences[rid].output_ids)
+    output_ids = engine.output_ids(rid)
     blob = engine.export_kv(rid)
     worker.metrics.kv_exports.inc()
     handle = worker.kv.put(blob, engine.describe_kv(blob), rid, _store_for(worker, device_class))

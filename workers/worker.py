@@ -45,6 +45,7 @@ from syshax.broker.worker_io import (
 from syshax.shared.sampling import SamplingError, SamplingParams
 
 from . import handoff, upkeep
+from .engine.protocol import EngineProtocol
 from .metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
@@ -88,7 +89,7 @@ class WorkerOptions:
 class Worker:
     def __init__(
         self,
-        engine,
+        engine: EngineProtocol,
         r: redis.Redis,
         opts: WorkerOptions,
         dispatcher: Dispatcher,
@@ -175,7 +176,7 @@ class Worker:
 
     def free_slots(self) -> int:
         e = self.engine
-        return e.slots.num_slots - e.num_running - len(e.waiting) - len(self.backlog)
+        return e.num_slots - e.num_running - e.num_waiting - len(self.backlog)
 
     def load_fields(self) -> dict:
         e = self.engine
@@ -183,9 +184,9 @@ class Worker:
             "roles": ",".join(sorted(self.opts.roles)),
             "device": self.opts.device,
             "device_class": self.opts.device_class,
-            "capacity": e.slots.num_slots,
+            "capacity": e.num_slots,
             "running": e.num_running,
-            "waiting": len(e.waiting) + len(self.backlog),
+            "waiting": e.num_waiting + len(self.backlog),
             "decode_tps": round(e.stats.recent_decode_tps, 2),
             "model": self.opts.served_model,
             "draining": int(self.draining),
@@ -250,7 +251,7 @@ class Worker:
 
     def _start_backlog(self) -> None:
         e = self.engine
-        while self.backlog and e.num_running + len(e.waiting) < e.slots.num_slots:
+        while self.backlog and e.num_running + e.num_waiting < e.num_slots:
             job = self.backlog.popleft()
             self._guard(job, lambda job=job: self._start_decode(job))
 

@@ -3,7 +3,14 @@
 Starts an embedded Redis when no `redis.url` is configured, then the gateway, the xPU worker
 (prefill + decode; on the CPU when there is no CUDA device) and `cpu.workers` CPU decode
 workers, each as `syshax worker ...` / `syshax gateway ...` so one crash does not take the
-others down. A child that exits unexpectedly is restarted with a capped backoff. On Ctrl-C or
+others down.
+
+The one-host layout (`layout`): with an accelerator, the xPU worker prefills on it and one CPU
+decode worker takes the decodes the dispatcher sends to the CPU. With none, a second worker
+would only split the same cores into two halves that each read all the weights (measured in
+docs/benchmarks.md: the split served less than one worker), so the default is one worker with
+both roles on every core; `cpu.workers` / `--cpu-workers` still ask for the split (the PD
+pipeline stays testable on any host). A child that exits unexpectedly is restarted with a capped backoff. On Ctrl-C or
 SIGTERM it stops in uvicorn's order: the gateway first (no new requests), then the workers
 (they drain), then Redis.
 """
@@ -39,7 +46,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--cpu-workers",
         type=int,
         default=None,
-        help="CPU decode workers (default: cpu.workers from the config)",
+        help="CPU decode workers (default: cpu.workers from the config; when that is null, "
+        "1 with an accelerator, 0 without: one worker with both roles on every core)",
     )
     p.add_argument("--no-gateway", action="store_true", help="start only Redis and the workers")
 
@@ -59,9 +67,39 @@ class Child:
         log.warning("started %s (pid %d)", self.name, self.proc.pid)
 
 
+def has_accelerator(device: str) -> bool:
+    """Will the xPU worker find a CUDA device? Decided without importing torch (the supervisor
+    stays small): the setting, else whether the NVIDIA driver lists a GPU."""
+    if device == "cpu":
+        return False
+    if device.startswith("cuda"):
+        return True
+    gpus = "/proc/driver/nvidia/gpus"
+    return os.path.isdir(gpus) and bool(os.listdir(gpus))
+
+
+def layout(cfg, cpu_workers: int | None) -> tuple[int, int | None]:
+    """(CPU decode workers, threads for the xPU worker or None for its own default)."""
+    accel = has_accelerator(cfg.gpu.device)
+    n_cpu = cpu_workers if cpu_workers is not None else cfg.cpu.workers
+    if n_cpu is None:
+        n_cpu = 1 if accel else 0
+    threads = None
+    if not accel and n_cpu == 0 and cfg.gpu.threads is None:
+        threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+        threads = threads or os.cpu_count() or 1
+    return n_cpu, threads
+
+
 def _children(args, cfg, config_path: str | None, url: str) -> list[Child]:
     base = [sys.executable, "-m", "syshax.cli"]
     common = ["--redis-url", url] + (["--config", config_path] if config_path else [])
+    n_cpu, xpu_threads = layout(cfg, args.cpu_workers)
+    log.warning(
+        "layout: xPU-role worker (prefill + decode%s) + %d CPU decode worker(s)",
+        f", {xpu_threads} threads" if xpu_threads else "",
+        n_cpu,
+    )
     workers = [
         Child(
             "xpu-worker",
@@ -75,10 +113,10 @@ def _children(args, cfg, config_path: str | None, url: str) -> list[Child]:
                 "--engine",
                 args.engine,
             ]
+            + (["--threads", str(xpu_threads)] if xpu_threads else [])
             + common,
         ),
     ]
-    n_cpu = cfg.cpu.workers if args.cpu_workers is None else args.cpu_workers
     for i in range(n_cpu):
         workers.append(
             Child(

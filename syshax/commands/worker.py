@@ -126,6 +126,7 @@ def _build_engine(args, cfg, device: str, slots: int, kernels=None):
             tok,
             max_model_len=args.max_model_len or cfg.max_model_len,
             max_num_seqs=slots,
+            max_num_batched_tokens=max(cfg.max_num_batched_tokens, slots),
             step_delay=args.step_delay,
         )
     from syshax.workers.engine.engine import Engine
@@ -136,6 +137,7 @@ def _build_engine(args, cfg, device: str, slots: int, kernels=None):
         dtype=args.dtype or cfg.dtype,
         max_model_len=args.max_model_len or cfg.max_model_len,
         max_num_seqs=slots,
+        max_num_batched_tokens=max(cfg.max_num_batched_tokens, slots),
         **(kernels.engine_kwargs() if kernels is not None else {}),
     )
 
@@ -292,5 +294,5 @@ def run(args: argparse.Namespace) -> int:
 
 def _abort_all(engine) -> None:
     """After losing Redis the jobs' entries stay pending: they will be reclaimed, so drop ours."""
-    for rid in list(engine.sequences):
+    for rid in engine.request_ids():
         engine.abort(rid)

@@ -22,6 +22,9 @@ _ERRORS = {
     -1: "batch size out of range",
     -2: "a position is outside the KV cache",
     -3: "a token id is outside the vocabulary",
+    -4: "a KV slot is out of range",
+    -5: "rows of one sequence are not adjacent at consecutive positions",
+    -6: "an output row is out of range",
 }
 
 
@@ -44,7 +47,16 @@ def _mat(module: nn.Module, keep: list) -> lib.SxMat:
 
 
 class FusedDecoder:
-    def __init__(self, model: nn.Module, cache, threads: int | None = None, nrc: int = 0):
+    def __init__(
+        self,
+        model: nn.Module,
+        cache,
+        threads: int | None = None,
+        nrc: int = 0,
+        max_tokens: int = 0,
+    ):
+        """`max_tokens`: the most token rows one `step` takes (the scheduler's token budget);
+        at least the cache's slot count."""
         self._ctx = None
         c = model.config
         if cache.k.dtype not in (torch.float32, torch.float16) or cache.k.device.type != "cpu":
@@ -122,8 +134,9 @@ class FusedDecoder:
             layers=layers,
         )
         self._layers, self._keep = layers, keep
+        self.max_tokens = max(max_tokens, cache.num_slots)
         self._ctx = self._lib.sx_ctx_new(
-            ctypes.byref(self.model_desc), cache.num_slots, self.threads, nrc
+            ctypes.byref(self.model_desc), self.max_tokens, self.threads, nrc
         )
         if not self._ctx:
             raise FusedError("could not allocate the fused step's buffers")
@@ -137,6 +150,36 @@ class FusedDecoder:
         rc = self._lib.sx_decode(self._ctx, n, tok.data_ptr(), pos.data_ptr(), logits.data_ptr())
         if rc != 0:
             raise FusedError(f"fused decode step refused the batch: {_ERRORS.get(rc, rc)}")
+        return logits
+
+    def step(
+        self,
+        tokens: list[int],
+        positions: list[int],
+        slots: list[int],
+        out_rows: list[int],
+    ) -> torch.Tensor:
+        """One step over token rows of any sequences (decodes and prefill chunks mixed): row i
+        is tokens[i] of the sequence in KV slot slots[i] at positions[i]; rows of one slot are
+        adjacent at consecutive positions. Returns logits [len(out_rows), vocab] (fp32)."""
+        n = len(tokens)
+        tok = torch.tensor(tokens, dtype=torch.int64)
+        pos = torch.tensor(positions, dtype=torch.int64)
+        slot = torch.tensor(slots, dtype=torch.int64)
+        out = torch.tensor(out_rows, dtype=torch.int64)
+        logits = torch.empty((len(out_rows), self.vocab), dtype=torch.float32)
+        rc = self._lib.sx_step(
+            self._ctx,
+            n,
+            tok.data_ptr(),
+            pos.data_ptr(),
+            slot.data_ptr(),
+            len(out_rows),
+            out.data_ptr(),
+            logits.data_ptr(),
+        )
+        if rc != 0:
+            raise FusedError(f"fused step refused the batch: {_ERRORS.get(rc, rc)}")
         return logits
 
     def close(self) -> None:

@@ -123,6 +123,10 @@ _SIGNATURES = {
     "sx_ctx_new": (c_void_p, [POINTER(SxModel), c_int, c_int, c_int]),
     "sx_ctx_free": (None, [c_void_p]),
     "sx_decode": (c_int, [c_void_p, c_int, c_void_p, c_void_p, c_void_p]),
+    "sx_step": (
+        c_int,
+        [c_void_p, c_int, c_void_p, c_void_p, c_void_p, c_int, c_void_p, c_void_p],
+    ),
     "sx_rmsnorm": (None, [c_void_p, c_void_p, c_int, c_float, c_void_p]),
     "sx_softmax_inplace": (None, [c_void_p, c_int]),
 }

@@ -1,12 +1,11 @@
 """Static KV cache: one preallocated tensor for keys and one for values, indexed by slot.
 
 Layout `[layers, slots, kv_heads, max_model_len, head_dim]`. Nothing is allocated per step:
-prefill and decode write into it in place. The scheduler keeps the running sequences packed
-in slots `[0, n)`, and `move` compacts the cache when a sequence leaves from the middle.
+prefill and decode write into it in place. A sequence keeps its slot for its whole life.
 
-The cache is zero-filled on creation: decode reads whole `[:n, :, :L]` views and masks the
-positions a sequence has not written, and a masked position must still hold a finite number
-(0 * NaN is NaN).
+The cache is zero-filled on creation: the PyTorch decode reads whole `[slots, :, :L]` rows and
+masks the positions a sequence has not written, and a masked position must still hold a
+finite number (0 * NaN is NaN).
 """
 
 from __future__ import annotations
@@ -52,11 +51,6 @@ class KVCache:
     @property
     def nbytes(self) -> int:
         return self.k.nbytes + self.v.nbytes
-
-    def move(self, src: int, dst: int, length: int) -> None:
-        """Copy the first `length` positions of slot `src` into slot `dst` (all layers)."""
-        self.k[:, dst, :, :length] = self.k[:, src, :, :length]
-        self.v[:, dst, :, :length] = self.v[:, src, :, :length]
 
     def read(self, slot: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Views of one sequence's keys and values: `[layers, kv_heads, length, head_dim]`."""

@@ -3,9 +3,8 @@
 Two entry points, both writing into a static KV cache owned by `KVCache`:
 
 * `prefill(tokens, slot, start)`: one sequence, many tokens, causal attention.
-* `decode(tokens, positions, lengths_mask)`: one token for each of the first `n` cache slots.
-  The scheduler keeps running sequences packed in slots `[0, n)`, so attention reads a plain
-  view of the cache (no gather, no per-step copy of the cache).
+* `decode(tokens, positions, slots, lengths_mask)`: one token for each of `n` sequences, the
+  i-th in cache slot `slots[i]` (attention gathers those slots' keys and values).
 
 Numerics follow transformers (RMSNorm in fp32, rope tables computed in fp32 then cast), which
 is what lets greedy fp32 output be token-identical to it.
@@ -106,16 +105,18 @@ class Attention(nn.Module):
             out = F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask, enable_gqa=True)
         return self.o_proj(out.transpose(1, 2).reshape(1, t, -1))
 
-    def decode(self, x, cos, sin, k_cache, v_cache, rows, positions, mask) -> torch.Tensor:
-        """x: [n, 1, hidden]; rows = arange(n); mask: additive [n, 1, 1, L] over cache[:n, :, :L]."""
+    def decode(self, x, cos, sin, k_cache, v_cache, slots, positions, mask) -> torch.Tensor:
+        """x: [n, 1, hidden]; slots: [n] cache slots; mask: additive [n, 1, 1, L] over
+        cache[slots, :, :L]."""
         n = x.shape[0]
         c = self.c
         q, k, v = self._qkv(x, cos, sin)
-        k_cache[rows, :, positions] = k[:, :, 0].to(k_cache.dtype)
-        v_cache[rows, :, positions] = v[:, :, 0].to(v_cache.dtype)
+        k_cache[slots, :, positions] = k[:, :, 0].to(k_cache.dtype)
+        v_cache[slots, :, positions] = v[:, :, 0].to(v_cache.dtype)
         length = mask.shape[-1]
         # A float16 cache under float32 compute: read back what was stored (rounded).
-        keys, vals = k_cache[:n, :, :length].to(q.dtype), v_cache[:n, :, :length].to(q.dtype)
+        keys = k_cache[slots, :, :length].to(q.dtype)
+        vals = v_cache[slots, :, :length].to(q.dtype)
         # Grouped-query attention without repeating K/V: fold the query heads of one KV head
         # into the "query length" axis. [n, KVH, G, D] @ [n, KVH, D, L] -> [n, KVH, G, L].
         group = c.num_heads // c.num_kv_heads
@@ -191,18 +192,21 @@ class Transformer(nn.Module):
 
     @torch.inference_mode()
     def decode(
-        self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache: KVCache
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        slots: torch.Tensor,
+        mask: torch.Tensor,
+        cache: KVCache,
     ) -> torch.Tensor:
-        """One step for the sequences in slots [0, n): tokens/positions [n]; returns logits [n, V] (fp32)."""
-        n = tokens.shape[0]
+        """One step for n sequences: tokens/positions/slots [n]; returns logits [n, V] (fp32)."""
         x = self.embed_tokens(tokens)[:, None]  # [n, 1, hidden]
         cos, sin = self._rope(positions[:, None], x.dtype)
-        rows = torch.arange(n, device=tokens.device)
         mask = mask.to(x.dtype)
         for i, layer in enumerate(self.layers):
             h = layer.input_layernorm(x)
             x = x + layer.self_attn.decode(
-                h, cos, sin, cache.k[i], cache.v[i], rows, positions, mask
+                h, cos, sin, cache.k[i], cache.v[i], slots, positions, mask
             )
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         return self.lm_head(self.norm(x[:, 0])).float()

@@ -1,4 +1,4 @@
-"""Per-request state inside one engine, and the slot table that keeps running sequences packed.
+"""Per-request state inside one engine, and the pool of KV cache slots.
 
 Torch-free on purpose (as nano-vllm keeps its scheduler and block manager): the bookkeeping
 can be tested without a model.
@@ -6,6 +6,7 @@ can be tested without a model.
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +26,9 @@ class Sequence:
     # (the last sampled token is the next decode input and has no K/V yet).
     num_cached: int = 0
     slot: int = -1
+    # Rows before this are the prompt (with the outputs a resumed request brings); rows from
+    # here on are decodes. For timings only.
+    prefill_end: int = 0
     finish_reason: str | None = None
     detokenizer: Any = None  # IncrementalDetokenizer when the engine has a tokenizer
 
@@ -84,41 +88,32 @@ def record_token(seq: Sequence, token: int, stop_ids: frozenset[int], max_model_
     return text
 
 
-class SlotTable:
-    """Running sequences by cache slot, always packed into slots [0, n).
+class SlotPool:
+    """KV cache slots, one per running sequence, handed out lowest first.
 
-    When a sequence leaves from the middle, the last one takes its slot; the caller moves that
-    sequence's K/V (a copy of one sequence, instead of gathering the whole batch every step).
-    """
+    A slot is a sequence's region of the cache for its whole life: nothing moves when another
+    sequence leaves (the fused step and attention address rows by slot)."""
 
     def __init__(self, num_slots: int):
         self.num_slots = num_slots
-        self.running: list[Sequence] = []
+        self._free = list(range(num_slots))  # a heap; lowest first keeps the used range small
 
     def __len__(self) -> int:
-        return len(self.running)
+        """Slots in use."""
+        return self.num_slots - len(self._free)
 
     @property
     def has_free(self) -> bool:
-        return len(self.running) < self.num_slots
+        return bool(self._free)
 
-    def add(self, seq: Sequence) -> int:
-        if not self.has_free:
+    def acquire(self, seq: Sequence) -> int:
+        if not self._free:
             raise CapacityError(f"all {self.num_slots} sequence slots are in use")
-        seq.slot = len(self.running)
-        self.running.append(seq)
+        seq.slot = heapq.heappop(self._free)
         return seq.slot
 
-    def remove(self, seq: Sequence) -> tuple[int, int, int] | None:
-        """Free `seq`'s slot. Returns (src, dst, length) when the cache must move a sequence."""
-        hole = seq.slot
-        if hole < 0 or hole >= len(self.running) or self.running[hole] is not seq:
+    def release(self, seq: Sequence) -> None:
+        if not 0 <= seq.slot < self.num_slots or seq.slot in self._free:
             raise KeyError(seq.request_id)
-        last = self.running.pop()
+        heapq.heappush(self._free, seq.slot)
         seq.slot = -1
-        if last is seq:
-            return None
-        self.running[hole] = last
-        src = last.slot
-        last.slot = hole
-        return src, hole, last.num_cached

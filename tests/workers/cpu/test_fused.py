@@ -10,6 +10,8 @@ from syshax.shared.sampling import SamplingParams
 from syshax.workers.cpu.quantized import QuantLinear
 from syshax.workers.engine.engine import Engine
 from syshax.workers.engine.errors import EngineError
+from syshax.workers.engine.runner import TorchRunner
+from syshax.workers.engine.scheduler import Chunk, ScheduledStep
 
 from ..conftest import ARCHS
 
@@ -48,7 +50,8 @@ def _teacher_forced(engine: Engine, prompt: list[int], steps: int):
     """Both paths' logits at every step from the same cache; the PyTorch path's cache goes on."""
     engine.add_request("t", prompt, SamplingParams(max_tokens=steps + 2, temperature=0))
     engine.step()  # prefill
-    seq = engine.sequences["t"]
+    seq = engine.scheduler.sequences["t"]
+    torch_path = TorchRunner(engine.model, engine.cache, engine.device)
     pairs = []
     for _ in range(steps):
         tok, pos = [seq.output_ids[-1]], [seq.num_cached]
@@ -56,7 +59,7 @@ def _teacher_forced(engine: Engine, prompt: list[int], steps: int):
         fused = engine.fused.decode(tok, pos)
         engine.cache.k.copy_(k)
         engine.cache.v.copy_(v)
-        pairs.append((fused[0], engine._torch_decode(tok, pos)[0]))
+        pairs.append((fused[0], torch_path.execute(ScheduledStep([Chunk(seq, pos[0], 1)]))[0]))
         seq.num_cached += 1
         seq.output_ids.append(int(pairs[-1][1].argmax()))
     return pairs
@@ -80,14 +83,16 @@ def test_fused_quantized_matches_pytorch_quantized(tiny_models, arch, quant):
             assert fused.argmax() == ref.argmax()
 
 
-@pytest.mark.parametrize("quant", [None, "q4_0"])
-def test_fused_batch_equals_single_runs(tiny_models, quant):
-    """Sequences of different lengths, joining mid-flight, decoded together: each gets exactly
-    the tokens it gets alone (no row of the batch depends on another)."""
+@pytest.mark.parametrize(("quant", "budget"), [(None, None), ("q4_0", None), ("q4_0", 5)])
+def test_fused_batch_equals_single_runs(tiny_models, quant, budget):
+    """Sequences of different lengths, joining mid-flight, decoded together with the prompt
+    rows of newcomers in the same native step (and, with a budget of 5 rows, prompts cut in
+    chunks across steps): each gets exactly the tokens it gets alone, in one step per prompt
+    (no row of the batch depends on another)."""
     folder, _ = tiny_models["qwen2"]
     prompts = [PROMPT, PROMPT[:4], [9, 8, 7, 6, 5, 4, 3, 2, 1, 0, 44, 45], [77]]
     alone = [_greedy(_engine(folder, quantize=quant, op_mode="fused"), p) for p in prompts]
-    engine = _engine(folder, quantize=quant, op_mode="fused")
+    engine = _engine(folder, quantize=quant, op_mode="fused", max_num_batched_tokens=budget)
     got: dict[str, list[int]] = {}
     for i, p in enumerate(prompts[:2]):
         engine.add_request(str(i), p, GREEDY)

@@ -46,7 +46,7 @@ def test_prefill_and_decode_logits_match_transformers(tiny_models, arch):
     eng = _engine(folder)
     eng.add_request("r", PROMPT, _greedy(2))
     eng.step()  # prefill
-    seq = eng.sequences["r"]
+    seq = eng.scheduler.sequences["r"]
     with torch.no_grad():
         ref_logits = ref(torch.tensor([seq.all_ids])).logits[0]
     prefill_logits = eng.model.prefill(torch.tensor(PROMPT), eng.cache, slot=1)
@@ -56,7 +56,10 @@ def test_prefill_and_decode_logits_match_transformers(tiny_models, arch):
     # The decode path, at position len(PROMPT), against the reference's last position.
     pos = torch.tensor([len(PROMPT)])
     mask = torch.zeros(1, 1, 1, len(PROMPT) + 1)
-    decode_logits = eng.model.decode(torch.tensor([seq.output_ids[-1]]), pos, mask, eng.cache)[0]
+    slot = torch.tensor([seq.slot])
+    decode_logits = eng.model.decode(
+        torch.tensor([seq.output_ids[-1]]), pos, slot, mask, eng.cache
+    )[0]
     torch.testing.assert_close(decode_logits, ref_logits[-1], atol=LOGITS_ATOL, rtol=0)
 
 

@@ -40,7 +40,7 @@ def _run_all(eng: Engine) -> dict[str, list[int]]:
 
 def test_batched_decode_of_different_lengths_equals_each_alone(tiny_models):
     folder, _ = tiny_models["qwen2"]
-    lengths = [20, 7, 30, 12]  # sequences leave at different steps: slots get compacted
+    lengths = [20, 7, 30, 12]  # sequences leave at different steps: slots free up mid-batch
     expected = {
         f"r{i}": _alone(folder, p, _greedy(n))
         for i, (p, n) in enumerate(zip(PROMPTS, lengths, strict=True))
@@ -49,7 +49,7 @@ def test_batched_decode_of_different_lengths_equals_each_alone(tiny_models):
     for i, (p, n) in enumerate(zip(PROMPTS, lengths, strict=True)):
         eng.add_request(f"r{i}", p, _greedy(n))
     assert _run_all(eng) == expected
-    assert eng.num_running == 0 and not eng.sequences
+    assert eng.num_running == 0 and not eng.request_ids()
 
 
 def test_sequences_join_mid_flight(tiny_models):
@@ -64,6 +64,22 @@ def test_sequences_join_mid_flight(tiny_models):
     for k, v in _run_all(eng).items():
         out.setdefault(k, []).extend(v)
     assert out == expected
+
+
+def test_chunked_prompts_and_mixed_steps_equal_each_alone(tiny_models):
+    """A 5-row budget: prompts are computed in chunks across steps, beside the decode rows of
+    sequences already generating. Every sequence gets the tokens of its undisturbed run."""
+    folder, _ = tiny_models["llama"]
+    expected = {f"r{i}": _alone(folder, p, _greedy(9)) for i, p in enumerate(PROMPTS)}
+    eng = _engine(folder, max_num_batched_tokens=5)
+    eng.add_request("r0", PROMPTS[0], _greedy(9))
+    out = {"r0": [o.token_id for o in eng.step()]}
+    for i, p in enumerate(PROMPTS[1:], start=1):
+        eng.add_request(f"r{i}", p, _greedy(9))
+    for k, v in _run_all(eng).items():
+        out.setdefault(k, []).extend(v)
+    assert out == expected
+    assert eng.stats.prompt_tokens == sum(map(len, PROMPTS))
 
 
 def test_seeded_sampling_is_reproducible_and_batch_independent(tiny_models):
@@ -104,8 +120,9 @@ def test_kv_move_fp32_to_bf16_stays_close(tiny_models):
     torch.testing.assert_close(k16.float(), k32, atol=0.05, rtol=0.01)
     # decode continues in bf16 and agrees with fp32 on the next token's logits within bf16 precision
     pos, mask = torch.tensor([len(PROMPTS[3])]), torch.zeros(1, 1, 1, len(PROMPTS[3]) + 1)
-    a = src.model.decode(torch.tensor([first.token_id]), pos, mask, src.cache)[0]
-    b = dst.model.decode(torch.tensor([first.token_id]), pos, mask, dst.cache)[0]
+    slot = torch.tensor([0])
+    a = src.model.decode(torch.tensor([first.token_id]), pos, slot, mask, src.cache)[0]
+    b = dst.model.decode(torch.tensor([first.token_id]), pos, slot, mask, dst.cache)[0]
     assert (a - b).abs().max().item() < 0.05 * a.abs().max().item()
 
 
@@ -183,15 +200,18 @@ def test_prompt_over_max_model_len_and_bad_tokens(tiny_models):
 
 
 def test_abort_frees_slots(tiny_models):
-    eng = _engine(tiny_models["llama"][0])
+    eng = _engine(tiny_models["llama"][0], max_num_seqs=2)
     for i, p in enumerate(PROMPTS):
         eng.add_request(f"r{i}", p, _greedy(50))
     eng.step()
     eng.step()
-    eng.abort("r0")
+    eng.abort("r0")  # running
     eng.abort("r3")  # still waiting
-    assert set(eng.sequences) == {"r1", "r2"} and eng.num_running == 1
-    assert [s.request_id for s in eng.waiting] == ["r2"]
+    assert set(eng.request_ids()) == {"r1", "r2"} and eng.num_running == 1
+    assert eng.num_waiting == 1
+    eng.step()  # r2 takes r0's slot
+    assert eng.num_running == 2 and eng.num_waiting == 0
     eng.abort("r2")
     eng.abort("r1")
     assert eng.num_running == 0 and not eng.has_unfinished()
+    assert eng.scheduler.slots.has_free and len(eng.scheduler.slots) == 0

@@ -161,8 +161,8 @@ static void norm_rows(const float *x, const float *w, int n, int d, float eps, f
  * writes them into the cache at pos. So no item reads what another writes in this phase.
  * Items are whole groups (each key and value read once per step: attention is memory-bound
  * at large batch) unless that leaves threads idle (batch 1), then single heads. */
-static void attention_item(const sx_ctx *c, const sx_layer *L, int s, int h0, int h1, int64_t pos,
-                           float *scratch) {
+static void attention_item(const sx_ctx *c, const sx_layer *L, int s, int64_t slot, int h0, int h1,
+                           int64_t pos, float *scratch) {
     const sx_model *m = &c->m;
     const int d = m->head_dim, group = m->n_heads / m->n_kv_heads, g = h0 / group;
     float *row = c->qkv + (size_t)s * (c->q_out + 2 * c->kv_out), *k = scratch + m->max_len;
@@ -171,7 +171,7 @@ static void attention_item(const sx_ctx *c, const sx_layer *L, int s, int h0, in
     memcpy(k, row + c->q_out + (size_t)g * d, (size_t)d * 4);
     if (L->k_norm) sx_rmsnorm(k, L->k_norm, d, m->eps, k);
     sx_rope(k, cs, sn, d);
-    const size_t base = ((size_t)s * m->n_kv_heads + g) * m->max_len * d;
+    const size_t base = ((size_t)slot * m->n_kv_heads + g) * m->max_len * d;
     const size_t eb = m->kv_f16 ? 2 : 4;
     char *kc = (char *)L->k_cache + base * eb, *vc = (char *)L->v_cache + base * eb;
     float *vn = k + d; /* the new value as the cache holds it */
@@ -203,13 +203,83 @@ static void attention_item(const sx_ctx *c, const sx_layer *L, int s, int h0, in
     }
 }
 
-int sx_decode(sx_ctx *c, int n, const int64_t *tokens, const int64_t *positions, float *logits) {
+/* Step 2 when rows of one sequence share the step (a prefill chunk): first every row's key
+ * and value go into the cache (2a), then, after a barrier, each row attends over the cache's
+ * [0, pos] (2b), so row j sees rows < j of its own chunk. The new key and value are read back
+ * as the cache holds them, which is what the one-phase path attends with: same numbers. */
+static void store_kv(const sx_ctx *c, const sx_layer *L, int s, int64_t slot, int g, int64_t pos, float *k) {
     const sx_model *m = &c->m;
-    if (n < 1 || n > c->max_batch || n > m->n_slots) return -1;
+    const int d = m->head_dim;
+    const float *row = c->qkv + (size_t)s * (c->q_out + 2 * c->kv_out);
+    const float *v = row + c->q_out + c->kv_out + (size_t)g * d;
+    memcpy(k, row + c->q_out + (size_t)g * d, (size_t)d * 4);
+    if (L->k_norm) sx_rmsnorm(k, L->k_norm, d, m->eps, k);
+    sx_rope(k, m->rope_cos + pos * d, m->rope_sin + pos * d, d);
+    const size_t at = (((size_t)slot * m->n_kv_heads + g) * m->max_len + pos) * d;
+    if (m->kv_f16) {
+        for (int i = 0; i < d; i++) {
+            ((uint16_t *)L->k_cache)[at + i] = sx_f2h(k[i]);
+            ((uint16_t *)L->v_cache)[at + i] = sx_f2h(v[i]);
+        }
+    } else {
+        memcpy((float *)L->k_cache + at, k, (size_t)d * 4);
+        memcpy((float *)L->v_cache + at, v, (size_t)d * 4);
+    }
+}
+
+static void attend_stored(const sx_ctx *c, const sx_layer *L, int s, int64_t slot, int h0, int h1, int64_t pos,
+                          float *scratch) {
+    const sx_model *m = &c->m;
+    const int d = m->head_dim, g = h0 / (m->n_heads / m->n_kv_heads);
+    const size_t base = ((size_t)slot * m->n_kv_heads + g) * m->max_len * d, eb = m->kv_f16 ? 2 : 4;
+    const char *kc = (const char *)L->k_cache + base * eb, *vc = (const char *)L->v_cache + base * eb;
+    float *k = scratch + m->max_len, *vn = k + d, *row = c->qkv + (size_t)s * (c->q_out + 2 * c->kv_out);
+    for (int i = 0; i < d; i++) {
+        const size_t at = (size_t)pos * d + i;
+        k[i] = m->kv_f16 ? sx_h2f(((const uint16_t *)kc)[at]) : ((const float *)kc)[at];
+        vn[i] = m->kv_f16 ? sx_h2f(((const uint16_t *)vc)[at]) : ((const float *)vc)[at];
+    }
+    const float *cs = m->rope_cos + pos * d, *sn = m->rope_sin + pos * d;
+    const float scale = (float)(1.0 / sqrt((double)d));
+    for (int h = h0; h < h1; h++) {
+        float *q = row + (size_t)h * d;
+        if (L->q_norm) sx_rmsnorm(q, L->q_norm, d, m->eps, q);
+        sx_rope(q, cs, sn, d);
+        sx_attend(q, kc, vc, m->kv_f16, (int)pos, k, vn, d, scale, scratch,
+                  c->attn + (size_t)s * c->q_out + (size_t)h * d);
+    }
+}
+
+/* Checks a step's rows; returns 0 (one-phase attention), 1 (rows share a slot: two phases) or
+ * a negative error. Rows of one slot must be adjacent, at consecutive positions. */
+static int check_rows(const sx_ctx *c, int n, const int64_t *tokens, const int64_t *positions,
+                      const int64_t *slots, int n_out, const int64_t *out_rows) {
+    const sx_model *m = &c->m;
+    if (n < 1 || n > c->max_batch || n_out < 0 || n_out > n) return -1;
+    int shared = 0;
     for (int i = 0; i < n; i++) {
         if (positions[i] < 0 || positions[i] >= m->max_len) return -2;
         if (tokens[i] < 0 || tokens[i] >= m->vocab) return -3;
+        const int64_t slot = slots ? slots[i] : i;
+        if (slot < 0 || slot >= m->n_slots) return -4;
+        if (i > 0 && slots && slots[i - 1] == slot) {
+            if (positions[i] != positions[i - 1] + 1) return -5;
+            shared = 1;
+        } else {
+            for (int j = 0; slots && j < i - 1; j++)
+                if (slots[j] == slot) return -5;
+        }
     }
+    for (int j = 0; j < n_out; j++)
+        if (out_rows[j] < 0 || out_rows[j] >= n) return -6;
+    return shared;
+}
+
+int sx_step(sx_ctx *c, int n, const int64_t *tokens, const int64_t *positions, const int64_t *slots, int n_out,
+            const int64_t *out_rows, float *logits) {
+    const sx_model *m = &c->m;
+    const int two_phase = check_rows(c, n, tokens, positions, slots, n_out, out_rows);
+    if (two_phase < 0) return two_phase;
     /* The tokens' embedding rows, dequantized from the table as stored (F32 rows are copied). */
     const int64_t stride = m->embed_row_bytes ? m->embed_row_bytes : (int64_t)sx_row_bytes(m->embed_type, m->hidden);
     sx_dequantize_rows(m->embed_type, m->embed, stride, m->hidden, tokens, n, c->x);
@@ -228,9 +298,21 @@ int sx_decode(sx_ctx *c, int n, const int64_t *tokens, const int64_t *positions,
 #pragma omp barrier
             const int per = n * m->n_kv_heads >= 2 * nt ? m->n_heads / m->n_kv_heads : 1;
             const int items_per_seq = m->n_heads / per;
-            for (int item = t; item < n * items_per_seq; item += nt) {
-                const int s = item / items_per_seq, h0 = (item % items_per_seq) * per;
-                attention_item(c, L, s, h0, h0 + per, positions[s], ws->scores);
+            if (two_phase) {
+                for (int item = t; item < n * m->n_kv_heads; item += nt) {
+                    const int s = item / m->n_kv_heads;
+                    store_kv(c, L, s, slots[s], item % m->n_kv_heads, positions[s], ws->scores);
+                }
+#pragma omp barrier
+                for (int item = t; item < n * items_per_seq; item += nt) {
+                    const int s = item / items_per_seq, h0 = (item % items_per_seq) * per;
+                    attend_stored(c, L, s, slots[s], h0, h0 + per, positions[s], ws->scores);
+                }
+            } else {
+                for (int item = t; item < n * items_per_seq; item += nt) {
+                    const int s = item / items_per_seq, h0 = (item % items_per_seq) * per;
+                    attention_item(c, L, s, slots ? slots[s] : s, h0, h0 + per, positions[s], ws->scores);
+                }
             }
 #pragma omp barrier
             sx_act_prepare(&L->o, c->attn, n, &act);
@@ -250,12 +332,24 @@ int sx_decode(sx_ctx *c, int n, const int64_t *tokens, const int64_t *positions,
             project_add(c, &L->down, n, &act, t, nt);
 #pragma omp barrier
         }
-        norm_rows(c->x, m->final_norm, n, m->hidden, m->eps, ws->xn);
-        sx_act_prepare(&m->lm_head, ws->xn, n, &act);
-        sx_partition(m->vocab, t, nt, &r0, &r1);
-        sx_gemm_rows(&m->lm_head, r0, r1, n, &act, logits, m->vocab, c->nrc);
+        /* Only the rows that are sampled need the final norm and the LM head. */
+        for (int j = 0; j < n_out; j++)
+            sx_rmsnorm(c->x + (size_t)out_rows[j] * m->hidden, m->final_norm, m->hidden, m->eps,
+                       ws->xn + (size_t)j * m->hidden);
+        if (n_out > 0) {
+            sx_act_prepare(&m->lm_head, ws->xn, n_out, &act);
+            sx_partition(m->vocab, t, nt, &r0, &r1);
+            sx_gemm_rows(&m->lm_head, r0, r1, n_out, &act, logits, m->vocab, c->nrc);
+        }
     }
     return 0;
+}
+
+int sx_decode(sx_ctx *c, int n, const int64_t *tokens, const int64_t *positions, float *logits) {
+    if (n > c->m.n_slots) return -1;
+    int64_t rows[n > 0 ? n : 1];
+    for (int i = 0; i < n; i++) rows[i] = i;
+    return sx_step(c, n, tokens, positions, NULL, n, rows, logits);
 }
 
 void sx_place_kv(void *k, void *v, int n_layers, int n_slots, int n_kv_heads, int max_len,

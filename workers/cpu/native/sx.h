@@ -151,6 +151,14 @@ void sx_ctx_free(sx_ctx *c);
  * written there, attention covers [0, positions[i]]). logits: [n, vocab]. Returns 0, or a
  * negative error (bad batch size, position out of range). */
 int sx_decode(sx_ctx *c, int n, const int64_t *tokens, const int64_t *positions, float *logits);
+/* One step of n token rows (decodes and prefill chunks mixed): row i is tokens[i] of the
+ * sequence in KV slot slots[i] at positions[i] (its K/V is written there; attention covers
+ * [0, positions[i]]). Rows of one slot (a prefill chunk) must be adjacent, at consecutive
+ * positions. Only rows out_rows[0..n_out) go through the LM head: logits [n_out, vocab].
+ * Errors: -1 batch size, -2 position, -3 token id, -4 slot out of range, -5 rows of one slot
+ * not adjacent or not consecutive, -6 an out row out of range. */
+int sx_step(sx_ctx *c, int n, const int64_t *tokens, const int64_t *positions, const int64_t *slots, int n_out,
+            const int64_t *out_rows, float *logits);
 
 /* Building blocks of the step, exposed for tests against float references. */
 void sx_rmsnorm(const float *x, const float *w, int n, float eps, float *out);

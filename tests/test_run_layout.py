@@ -1,0 +1,52 @@
+"""`syshax run`'s one-host layout: with no accelerator one worker takes both roles on every
+core; with one (or when asked) the xPU worker and CPU decode workers split the work."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import pytest
+from syshax.shared.config import Config, set_key
+
+from syshax.commands import run
+
+CORES = len(os.sched_getaffinity(0))
+
+
+def _cfg(**keys: str) -> Config:
+    cfg = Config()
+    for key, value in keys.items():
+        cfg = set_key(cfg, key.replace("__", "."), value)
+    return cfg
+
+
+@pytest.mark.parametrize(
+    ("keys", "cli", "expected"),
+    [
+        ({"gpu__device": "cpu"}, None, (0, CORES)),  # no accelerator: one worker, every core
+        ({"gpu__device": "cuda"}, None, (1, None)),  # accelerator: xPU + one CPU decoder
+        ({"gpu__device": "cpu", "cpu__workers": "2"}, None, (2, None)),  # asked for the split
+        ({"gpu__device": "cpu"}, 1, (1, None)),  # --cpu-workers wins over the config
+        ({"gpu__device": "cuda", "cpu__workers": "0"}, None, (0, None)),
+        ({"gpu__device": "cpu", "gpu__threads": "1"}, None, (0, None)),  # threads as set
+    ],
+)
+def test_layout(keys, cli, expected):
+    assert run.layout(_cfg(**keys), cli) == expected
+
+
+def test_single_worker_gets_every_core_and_both_roles():
+    args = argparse.Namespace(engine="echo", cpu_workers=None, no_gateway=True)
+    children = run._children(args, _cfg(gpu__device="cpu"), None, "redis://127.0.0.1:1/0")
+    names = [c.name for c in children]
+    assert names == ["xpu-worker", "batch-worker"]
+    argv = children[0].argv
+    assert argv[argv.index("--roles") + 1] == "prefill,decode"
+    assert argv[argv.index("--threads") + 1] == str(CORES)
+
+
+def test_cpu_workers_zero_is_valid_and_negative_is_not():
+    assert _cfg(cpu__workers="0").cpu.workers == 0
+    with pytest.raises(Exception, match="cpu.workers"):
+        _cfg(cpu__workers="-1")

@@ -1,0 +1,64 @@
+"""What an engine step returns and the timings an engine keeps; torch-free, shared by every
+engine (the model engine, the echo stand-in) and read by the worker."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+
+@dataclass
+class StepOutput:
+    request_id: str
+    token_id: int
+    text: str  # new text safe to show (may be "" while a UTF-8 char or a stop string is pending)
+    logprob: float | None
+    index: int  # 0-based index of this token in the request's output
+    finish_reason: str | None = None  # "stop" | "length" | None while running
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class EngineStats:
+    """Timings measured inside the engine (model load excluded), like llama.cpp's timings.
+
+    A step that mixes prompt rows and decode rows is split between the two by row count (a
+    row costs about the same in either: the step is one pass over the weights)."""
+
+    prompt_tokens: int = 0
+    prefill_seconds: float = 0.0
+    decode_tokens: int = 0
+    decode_seconds: float = 0.0
+    decode_steps: int = 0
+    recent: deque = field(default_factory=lambda: deque(maxlen=64))  # (tokens, seconds) per step
+
+    @property
+    def prefill_tps(self) -> float:
+        return self.prompt_tokens / self.prefill_seconds if self.prefill_seconds else 0.0
+
+    @property
+    def decode_tps(self) -> float:
+        return self.decode_tokens / self.decode_seconds if self.decode_seconds else 0.0
+
+    @property
+    def recent_decode_tps(self) -> float:
+        """Decode tokens/s over the last steps: what a dispatcher wants to know now."""
+        toks = sum(t for t, _ in self.recent)
+        secs = sum(s for _, s in self.recent)
+        return toks / secs if secs else 0.0
+
+    def record(self, prompt_rows: int, decode_rows: int, seconds: float) -> None:
+        rows = prompt_rows + decode_rows
+        if not rows:
+            return
+        self.prompt_tokens += prompt_rows
+        self.prefill_seconds += seconds * prompt_rows / rows
+        if decode_rows:
+            share = seconds * decode_rows / rows
+            self.decode_tokens += decode_rows
+            self.decode_seconds += share
+            self.decode_steps += 1
+            self.recent.append((decode_rows, share))

@@ -1,0 +1,216 @@
+"""The scheduler under every engine: which token rows the next step computes, and what its
+sampled tokens do. Torch-free on purpose (nano-vllm's shape): it is tested without a model,
+and an engine is this scheduler plus a runner that turns a `ScheduledStep` into logits.
+
+One rule covers prefill, chunked prefill, resume and decode: a running sequence has rows
+`[num_cached, length)` still to compute, and samples a token when a step reaches `length`.
+A decode is the case of one row. Each step (vLLM's max_num_batched_tokens):
+
+1. every decoding sequence gets its one row, so streams keep their pace while prompts arrive;
+2. sequences part-way through their prompt continue, in arrival order;
+3. waiting sequences take a free KV slot and start, while the token budget lasts.
+
+A prompt longer than what is left of the budget is computed in chunks over several steps.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass, field
+
+from syshax.shared.sampling import SamplingParams
+
+from .errors import CapacityError, RequestError
+from .outputs import StepOutput
+from .sequence import Sequence, SlotPool, make_detokenizer, record_token
+
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 256
+
+
+@dataclass
+class Chunk:
+    """Rows `[start, start + length)` of one sequence, computed in one step."""
+
+    seq: Sequence
+    start: int
+    length: int
+
+    @property
+    def samples(self) -> bool:
+        """Does this chunk reach the sequence's end (its last row's logits give a token)?"""
+        return self.start + self.length == self.seq.length
+
+    @property
+    def token_ids(self) -> list[int]:
+        ids = self.seq.all_ids
+        return ids[self.start : self.start + self.length]
+
+
+@dataclass
+class ScheduledStep:
+    chunks: list[Chunk] = field(default_factory=list)  # decodes first, then prompt chunks
+
+    @property
+    def num_rows(self) -> int:
+        return sum(c.length for c in self.chunks)
+
+    @property
+    def sampling(self) -> list[Chunk]:
+        return [c for c in self.chunks if c.samples]
+
+    @property
+    def decode_rows(self) -> int:
+        """Rows that extend a sequence already generating (the rest are prompt rows)."""
+        return sum(c.length for c in self.chunks if c.start >= c.seq.prefill_end)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        *,
+        max_num_seqs: int,
+        max_model_len: int,
+        max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
+        vocab_size: int | None = None,
+        stop_token_ids: frozenset[int] = frozenset(),
+        tokenizer=None,
+    ):
+        if max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
+        if max_num_batched_tokens < max_num_seqs:
+            # Every running sequence must fit its decode row into each step.
+            raise ValueError(
+                f"max_num_batched_tokens ({max_num_batched_tokens}) must be at least "
+                f"max_num_seqs ({max_num_seqs})"
+            )
+        self.max_model_len = max_model_len
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.vocab_size = vocab_size
+        self.stop_token_ids = stop_token_ids
+        self.tokenizer = tokenizer
+        self.slots = SlotPool(max_num_seqs)
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []  # holding a slot, in admission order
+        self.sequences: dict[str, Sequence] = {}
+
+    # ---- requests -----------------------------------------------------------------------
+
+    def new_sequence(
+        self,
+        request_id: str,
+        prompt_ids: Seq[int],
+        params: SamplingParams,
+        output_ids: Seq[int] = (),
+    ) -> Sequence:
+        """A checked sequence (not yet queued); raises RequestError for a bad request."""
+        if request_id in self.sequences:
+            raise RequestError(f"request {request_id!r} is already in this engine")
+        if not prompt_ids:
+            raise RequestError("the prompt is empty")
+        if len(prompt_ids) >= self.max_model_len:
+            raise RequestError(
+                f"prompt has {len(prompt_ids)} tokens; max_model_len is {self.max_model_len} "
+                "(the prompt must leave room for at least one generated token)"
+            )
+        if self.vocab_size is not None:
+            bad = [t for t in prompt_ids if not 0 <= t < self.vocab_size]
+            if bad:
+                raise RequestError(
+                    f"token id {bad[0]} is outside the vocabulary (size {self.vocab_size})"
+                )
+        if params.stop and self.tokenizer is None:
+            raise RequestError("stop strings need a tokenizer; this engine was loaded without one")
+        seq = Sequence(request_id, list(prompt_ids), params, output_ids=list(output_ids))
+        seq.logprobs = [None] * len(seq.output_ids)
+        seq.prefill_end = seq.length
+        seq.detokenizer = make_detokenizer(self.tokenizer, seq)
+        return seq
+
+    def add(self, seq: Sequence) -> None:
+        """Queue a sequence to be computed from position 0 (a new or resumed request)."""
+        self.sequences[seq.request_id] = seq
+        self.waiting.append(seq)
+
+    def add_running(self, seq: Sequence, num_cached: int) -> None:
+        """Admit a sequence whose first `num_cached` rows are already in its slot's cache (a
+        KV import): the caller fills `seq.slot`'s cache after this returns."""
+        if not self.slots.has_free:
+            raise CapacityError(f"all {self.slots.num_slots} sequence slots are in use")
+        self.slots.acquire(seq)
+        seq.num_cached = seq.prefill_end = num_cached
+        self.running.append(seq)
+        self.sequences[seq.request_id] = seq
+
+    def abort(self, request_id: str) -> Sequence | None:
+        """Drop a request wherever it is (waiting or running) and free its slot."""
+        seq = self.sequences.pop(request_id, None)
+        if seq is None:
+            return None
+        if seq.slot >= 0:
+            self._release(seq)
+        else:
+            self.waiting.remove(seq)
+        return seq
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ---- the step -----------------------------------------------------------------------
+
+    def schedule(self) -> ScheduledStep:
+        budget = self.max_num_batched_tokens
+        step = ScheduledStep()
+        decoding = [s for s in self.running if s.length - s.num_cached == 1]
+        prefilling = [s for s in self.running if s.length - s.num_cached > 1]
+        for seq in decoding:
+            step.chunks.append(Chunk(seq, seq.num_cached, 1))
+        budget -= len(decoding)
+        for seq in prefilling:
+            if budget <= 0:
+                return step
+            n = min(seq.length - seq.num_cached, budget)
+            step.chunks.append(Chunk(seq, seq.num_cached, n))
+            budget -= n
+        while budget > 0 and self.waiting and self.slots.has_free:
+            seq = self.waiting.popleft()
+            self.slots.acquire(seq)
+            self.running.append(seq)
+            n = min(seq.length, budget)
+            step.chunks.append(Chunk(seq, 0, n))
+            budget -= n
+        return step
+
+    def update(
+        self, step: ScheduledStep, tokens: Seq[int], logprobs: Seq[float | None]
+    ) -> list[StepOutput]:
+        """Record a computed step: rows are cached; `tokens[i]` is sampled for the i-th chunk
+        of `step.sampling`. Finished sequences leave and free their slot."""
+        outs = []
+        sampled = iter(zip(tokens, logprobs, strict=True))
+        for chunk in step.chunks:
+            seq = chunk.seq
+            seq.num_cached = chunk.start + chunk.length
+            if not chunk.samples:
+                continue
+            token, logprob = next(sampled)
+            seq.logprobs.append(logprob)
+            text = record_token(seq, token, self.stop_token_ids, self.max_model_len)
+            if seq.finish_reason is not None:
+                self._release(seq)
+                self.sequences.pop(seq.request_id, None)
+            outs.append(
+                StepOutput(
+                    seq.request_id,
+                    token,
+                    text,
+                    logprob,
+                    len(seq.output_ids) - 1,
+                    seq.finish_reason,
+                )
+            )
+        return outs
+
+    def _release(self, seq: Sequence) -> None:
+        self.slots.release(seq)
+        self.running.remove(seq)
