@@ -44,7 +44,12 @@ class EchoEngine:
 
     @property
     def num_slots(self) -> int:
-        return self.scheduler.slots.num_slots
+        return self.scheduler.max_num_seqs
+
+    @property
+    def kv_blocks(self) -> tuple[int, int]:
+        blocks = self.scheduler.blocks
+        return blocks.num_free, blocks.num_blocks
 
     @property
     def num_running(self) -> int:
@@ -74,7 +79,7 @@ class EchoEngine:
 
     def export_kv(self, rid: str, release: bool = True) -> bytes:
         seq = self.scheduler.sequences.get(rid)
-        if seq is None or seq.length - seq.num_cached != 1:
+        if seq is None or not seq.block_table or seq.length - seq.num_cached != 1:
             raise RequestError(f"request {rid!r} has no KV cache in this engine")
         blob = msgpack.packb(
             {

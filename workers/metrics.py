@@ -39,6 +39,9 @@ class WorkerMetrics:
         self.running = gauge("num_requests_running", "sequences in the engine's running batch")
         self.waiting = gauge("num_requests_waiting", "sequences waiting for a slot in this worker")
         self.capacity = gauge("worker_capacity", "sequences this worker runs at once")
+        self.kv_usage = gauge(
+            "kv_cache_usage_perc", "share of KV cache blocks held by sequences (0-1)"
+        )
         self.decode_tps = gauge(
             "decode_tokens_per_second", "measured decode speed over the last steps"
         )

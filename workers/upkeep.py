@@ -48,6 +48,7 @@ def _beat(worker: Worker) -> None:
     m.running.set(fields["running"])
     m.waiting.set(fields["waiting"])
     m.capacity.set(fields["capacity"])
+    m.kv_usage.set(fields["kv_blocks_held"] / max(fields["kv_blocks"], 1))
     m.decode_tps.set(fields["decode_tps"])
     m.prompt_tokens.inc(stats.prompt_tokens - worker.prompt_tokens_seen)
     worker.prompt_tokens_seen = stats.prompt_tokens

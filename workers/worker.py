@@ -187,6 +187,8 @@ class Worker:
             "capacity": e.num_slots,
             "running": e.num_running,
             "waiting": e.num_waiting + len(self.backlog),
+            "kv_blocks_held": e.kv_blocks[1] - e.kv_blocks[0],
+            "kv_blocks": e.kv_blocks[1],
             "decode_tps": round(e.stats.recent_decode_tps, 2),
             "model": self.opts.served_model,
             "draining": int(self.draining),

@@ -193,7 +193,8 @@ class ProcFarm:
     # ---- what is left behind -----------------------------------------------------------------
     def leftovers(self) -> dict[str, Any]:
         """Everything a finished farm must not hold: KV leases (and shm segments), stream
-        entries (waiting or pending), running or waiting sequences on live workers."""
+        entries (waiting or pending), running or waiting sequences and held KV blocks on live
+        workers."""
         streams = [KEYS.prefill_stream] + [KEYS.decode_stream(c) for c in DEVICE_CLASSES]
         entries, pending = {}, {}
         for s in streams:
@@ -204,7 +205,9 @@ class ProcFarm:
         for wid in self.r.smembers(KEYS.workers):
             h = self.r.hgetall(KEYS.worker(wid.decode()))
             if h:
-                busy[wid.decode()] = int(h.get(b"running", 0)) + int(h.get(b"waiting", 0))
+                busy[wid.decode()] = sum(
+                    int(h.get(k, 0)) for k in (b"running", b"waiting", b"kv_blocks_held")
+                )
         return {
             "leases": KVStore(self.r).stats(),
             "shm": sorted(set(glob.glob("/dev/shm/syshax-kv-*")) - self.shm_before),

@@ -126,6 +126,7 @@ def test_cancel_stops_generation_and_frees_everything(redis_url):
         assert farm.r.xlen(KEYS.output_stream(rid)) == n, "no tokens after the cancel"
         assert n < 1000
         assert all(len(w.jobs) == 0 and w.engine.num_running == 0 for w in farm.workers)
+        assert all(w.engine.kv_blocks[0] == w.engine.kv_blocks[1] for w in farm.workers)
     assert KVStore(farm.r).stats() == (0, 0)
 
 

@@ -1,4 +1,5 @@
-"""INFERENCE_OP_MODE=fused: the whole decode step of a batch in one native call (sx_decode).
+"""INFERENCE_OP_MODE=fused: a whole engine step (decodes and prompt chunks) in one native call
+(sx_step), reading the paged KV cache through block tables.
 
 `FusedDecoder` describes the loaded `Transformer` to the kernels once (pointers to its
 weights, norms, rope tables and the engine's KV cache, no copies) and then runs steps. It
@@ -13,6 +14,7 @@ from __future__ import annotations
 import ctypes
 
 import torch
+from syshax.workers.engine.runner import block_tables
 from torch import nn
 
 from . import lib
@@ -22,7 +24,7 @@ _ERRORS = {
     -1: "batch size out of range",
     -2: "a position is outside the KV cache",
     -3: "a token id is outside the vocabulary",
-    -4: "a KV slot is out of range",
+    -4: "a sequence or KV block is out of range",
     -5: "rows of one sequence are not adjacent at consecutive positions",
     -6: "an output row is out of range",
 }
@@ -55,8 +57,7 @@ class FusedDecoder:
         nrc: int = 0,
         max_tokens: int = 0,
     ):
-        """`max_tokens`: the most token rows one `step` takes (the scheduler's token budget);
-        at least the cache's slot count."""
+        """`max_tokens`: the most token rows one `step` takes (the scheduler's token budget)."""
         self._ctx = None
         c = model.config
         if cache.k.dtype not in (torch.float32, torch.float16) or cache.k.device.type != "cpu":
@@ -78,7 +79,9 @@ class FusedDecoder:
         self.threads = threads or torch.get_num_threads()
         self.vocab = c.vocab_size
         keep: list = [cache.k, cache.v]
-        shape = cache.k.shape  # [layers, slots, kv_heads, max_len, head_dim]
+        shape = cache.k.shape  # [layers, blocks, kv_heads, block_size, head_dim]
+        if cache.block_size % 8:
+            raise FusedError("fused mode needs a KV block size that is a multiple of 8")
         elem = cache.k.element_size()
         self._lib.sx_place_kv(lib.ptr(cache.k), lib.ptr(cache.v), *shape, elem, self.threads)
 
@@ -122,50 +125,43 @@ class FusedDecoder:
             head_dim=c.head_dim,
             inter=c.intermediate_size,
             vocab=c.vocab_size,
-            max_len=cache.max_model_len,
-            n_slots=cache.num_slots,
+            max_len=model.rope_cos.shape[0],
+            n_slots=cache.num_blocks,
+            block_size=cache.block_size,
             kv_f16=int(cache.k.dtype == torch.float16),
             eps=c.rms_norm_eps,
             **embed_args,
             final_norm=f32(model.norm.weight),
             lm_head=_mat(model.lm_head, keep),
-            rope_cos=f32(model.rope_cos[: cache.max_model_len]),
-            rope_sin=f32(model.rope_sin[: cache.max_model_len]),
+            rope_cos=f32(model.rope_cos),
+            rope_sin=f32(model.rope_sin),
             layers=layers,
         )
         self._layers, self._keep = layers, keep
-        self.max_tokens = max(max_tokens, cache.num_slots)
+        self.max_tokens = max(max_tokens, 1)
         self._ctx = self._lib.sx_ctx_new(
             ctypes.byref(self.model_desc), self.max_tokens, self.threads, nrc
         )
         if not self._ctx:
             raise FusedError("could not allocate the fused step's buffers")
 
-    def decode(self, tokens: list[int], positions: list[int]) -> torch.Tensor:
-        """Logits [n, vocab] (fp32) for token i of the sequence in slot i at positions[i]."""
-        n = len(tokens)
-        tok = torch.tensor(tokens, dtype=torch.int64)
-        pos = torch.tensor(positions, dtype=torch.int64)
-        logits = torch.empty((n, self.vocab), dtype=torch.float32)
-        rc = self._lib.sx_decode(self._ctx, n, tok.data_ptr(), pos.data_ptr(), logits.data_ptr())
-        if rc != 0:
-            raise FusedError(f"fused decode step refused the batch: {_ERRORS.get(rc, rc)}")
-        return logits
-
     def step(
         self,
         tokens: list[int],
         positions: list[int],
-        slots: list[int],
+        seqs: list[int],
+        tables: list[list[int]],
         out_rows: list[int],
     ) -> torch.Tensor:
-        """One step over token rows of any sequences (decodes and prefill chunks mixed): row i
-        is tokens[i] of the sequence in KV slot slots[i] at positions[i]; rows of one slot are
-        adjacent at consecutive positions. Returns logits [len(out_rows), vocab] (fp32)."""
+        """One step over token rows of any sequences (decodes and prompt chunks mixed): row i
+        is tokens[i] of sequence seqs[i] (block table tables[seqs[i]]) at positions[i]; rows of
+        one sequence are adjacent at consecutive positions. Returns logits
+        [len(out_rows), vocab] (fp32)."""
         n = len(tokens)
         tok = torch.tensor(tokens, dtype=torch.int64)
         pos = torch.tensor(positions, dtype=torch.int64)
-        slot = torch.tensor(slots, dtype=torch.int64)
+        seq = torch.tensor(seqs, dtype=torch.int64)
+        table = block_tables(tables, "cpu", torch.int32)
         out = torch.tensor(out_rows, dtype=torch.int64)
         logits = torch.empty((len(out_rows), self.vocab), dtype=torch.float32)
         rc = self._lib.sx_step(
@@ -173,7 +169,9 @@ class FusedDecoder:
             n,
             tok.data_ptr(),
             pos.data_ptr(),
-            slot.data_ptr(),
+            seq.data_ptr(),
+            table.data_ptr(),
+            table.shape[1],
             len(out_rows),
             out.data_ptr(),
             logits.data_ptr(),

@@ -102,6 +102,8 @@ class SxModel(ctypes.Structure):
         ("embed_type", c_int32),  # F32 (default), F16 or any type in BLOCK_BYTES, as stored
         ("embed_pad_", c_int32),
         ("embed_row_bytes", c_int64),  # 0: row_bytes(embed_type, hidden)
+        ("block_size", c_int32),  # KV positions per block; 0: max_len (n_slots unpaged slots)
+        ("block_pad_", c_int32),
     ]
 
 
@@ -125,7 +127,7 @@ _SIGNATURES = {
     "sx_decode": (c_int, [c_void_p, c_int, c_void_p, c_void_p, c_void_p]),
     "sx_step": (
         c_int,
-        [c_void_p, c_int, c_void_p, c_void_p, c_void_p, c_int, c_void_p, c_void_p],
+        [c_void_p, c_int, c_void_p, c_void_p, c_void_p, c_void_p, c_int, c_int, c_void_p, c_void_p],
     ),
     "sx_rmsnorm": (None, [c_void_p, c_void_p, c_int, c_float, c_void_p]),
     "sx_softmax_inplace": (None, [c_void_p, c_int]),

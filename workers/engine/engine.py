@@ -3,7 +3,7 @@
 The loop is vLLM v1's shape, in one process: `step()` = schedule (the torch-free `Scheduler`:
 decode rows of running sequences, then prompt chunks, within a token budget) -> execute (the
 runner: one native call on the CPU, see runner.py) -> sample -> update (detokenize, check
-stops, free finished slots). Sequences join and leave between steps. A sequence's KV cache
+stops, free finished sequences' KV blocks). Sequences join and leave between steps. A sequence's KV cache
 can be exported to a portable blob and imported into another engine (another process, device
 or dtype) to continue decoding there.
 """
@@ -25,10 +25,11 @@ from . import kv_format
 from .errors import EngineError, RequestError
 from .kv_cache import KVCache
 from .loader import WEIGHT_PLANS, is_gguf, load_model, parse_dtype, resolve_model_path
+from .memory import available_bytes, plan_kv_blocks
 from .outputs import EngineStats, StepOutput
 from .runner import FusedRunner, TorchRunner
 from .sampler import sample
-from .scheduler import DEFAULT_MAX_NUM_BATCHED_TOKENS, Scheduler
+from .scheduler import DEFAULT_BLOCK_SIZE, DEFAULT_MAX_NUM_BATCHED_TOKENS, Scheduler
 
 __all__ = ["Engine", "EngineStats", "StepOutput", "freeze_loaded_heap", "resolve_device"]
 
@@ -52,6 +53,12 @@ def _position_limit(config) -> int:
         # Attention here is full; beyond the window it would differ from the model's.
         limit = min(limit, config.sliding_window)
     return limit
+
+
+def _free_bytes(device: torch.device) -> int | None:
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    return available_bytes()
 
 
 def resolve_device(device: str) -> torch.device:
@@ -79,6 +86,9 @@ class Engine:
         op_mode: str | None = None,
         nrc: int | None = None,
         kv_dtype: str | None = None,
+        kv_cache_bytes: int | None = None,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        prefix_caching: bool = True,
     ):
         """`quantize` and `op_mode` select the native CPU kernels (workers/cpu); None = plain
         PyTorch. `quantize`: "stored" runs a GGUF's own blocks as they are (Q4_0, Q4_1, Q8_0,
@@ -87,7 +97,9 @@ class Engine:
         call; `nrc` is the GEMM's row tile. `kv_dtype`: the KV cache's dtype (default: float16
         in fused mode, as llama.cpp does: attention reads half the bytes; else `dtype`).
         `max_num_batched_tokens`: the token rows one step computes at most (decodes plus
-        prompt chunks; default 256, at least max_num_seqs)."""
+        prompt chunks; default 256, at least max_num_seqs). The KV cache is paged in blocks
+        of `block_size` positions; `kv_cache_bytes` sizes it (default: see
+        memory.plan_kv_blocks); `prefix_caching` shares computed prompt blocks."""
         self.device = resolve_device(device)
         if (quantize or op_mode) and self.device.type != "cpu":
             raise EngineError(
@@ -165,8 +177,19 @@ class Engine:
         if max_model_len != probe_len:
             self.model.init_rope(max_model_len, self.device)
         self.max_model_len = max_model_len
+        try:
+            num_blocks = plan_kv_blocks(
+                bytes_per_block=KVCache.bytes_per_block(self.config, block_size, self.kv_dtype),
+                block_size=block_size,
+                max_num_seqs=max_num_seqs,
+                max_model_len=max_model_len,
+                kv_cache_bytes=kv_cache_bytes,
+                free_bytes=_free_bytes(self.device),
+            )
+        except ValueError as exc:
+            raise EngineError(str(exc)) from exc
         self.cache = KVCache(
-            self.config, max_num_seqs, max_model_len, self.kv_dtype, self.device, zero=not fused
+            self.config, num_blocks, block_size, self.kv_dtype, self.device, zero=not fused
         )
         self.fused = None
         self.runner: FusedRunner | TorchRunner = TorchRunner(self.model, self.cache, self.device)
@@ -180,10 +203,12 @@ class Engine:
                 raise EngineError(str(exc)) from exc
             self.runner = FusedRunner(self.fused)
         log.info(
-            "KV cache: %d slots x %d positions = %.1f MiB",
+            "KV cache: %d blocks x %d positions = %.1f MiB (%d sequences of %d positions)",
+            num_blocks,
+            block_size,
+            self.cache.nbytes / 2**20,
             max_num_seqs,
             max_model_len,
-            self.cache.nbytes / 2**20,
         )
         self.tokenizer = None
         if load_tokenizer:
@@ -198,6 +223,9 @@ class Engine:
             max_num_seqs=max_num_seqs,
             max_model_len=max_model_len,
             max_num_batched_tokens=budget,
+            num_blocks=num_blocks,
+            block_size=block_size,
+            prefix_caching=prefix_caching,
             vocab_size=self.config.vocab_size,
             stop_token_ids=self.eos_token_ids,
             tokenizer=self.tokenizer,
@@ -212,7 +240,13 @@ class Engine:
 
     @property
     def num_slots(self) -> int:
-        return self.scheduler.slots.num_slots
+        return self.scheduler.max_num_seqs
+
+    @property
+    def kv_blocks(self) -> tuple[int, int]:
+        """(free, total) KV blocks; free counts cached blocks nobody holds."""
+        blocks = self.scheduler.blocks
+        return blocks.num_free, blocks.num_blocks
 
     @property
     def num_running(self) -> int:
@@ -230,7 +264,8 @@ class Engine:
         return list(self.scheduler.sequences[request_id].output_ids)
 
     def add_request(self, request_id: str, prompt_ids: Seq[int], params: SamplingParams) -> None:
-        """Queue a request; `step()` computes its prompt when a slot and token budget allow."""
+        """Queue a request; `step()` computes its prompt when KV blocks and the token budget
+        allow."""
         self.scheduler.add(self.scheduler.new_sequence(request_id, prompt_ids, params))
 
     def resume_request(
@@ -241,7 +276,7 @@ class Engine:
         self.scheduler.add(seq)
 
     def abort(self, request_id: str) -> None:
-        """Drop a request wherever it is (waiting or running) and free its slot."""
+        """Drop a request wherever it is (waiting or running) and free its KV blocks."""
         self.scheduler.abort(request_id)
 
     def has_unfinished(self) -> bool:
@@ -276,9 +311,9 @@ class Engine:
     def export_kv(self, request_id: str, release: bool = True) -> bytes:
         """The request's KV cache as a portable blob; `release` frees it here (the usual handoff)."""
         seq = self.scheduler.sequences.get(request_id)
-        if seq is None or seq.slot < 0 or seq.length - seq.num_cached != 1:
+        if seq is None or not seq.block_table or seq.length - seq.num_cached != 1:
             raise RequestError(f"request {request_id!r} has no KV cache in this engine")
-        keys, values = self.cache.read(seq.slot, seq.num_cached)
+        keys, values = self.cache.read(seq.block_table, seq.num_cached)
         blob = kv_format.encode(self.config, keys, values, next_token=seq.output_ids[-1])
         if release:
             self.abort(request_id)
@@ -310,9 +345,9 @@ class Engine:
         seq = self.scheduler.new_sequence(request_id, prompt_ids, params, output_ids)
         self.scheduler.add_running(seq, header.num_tokens)
         try:
-            self.cache.write(seq.slot, keys.to(self.device), values.to(self.device))
+            self.cache.write(seq.block_table, keys.to(self.device), values.to(self.device))
         except Exception:
-            self.scheduler.abort(request_id)  # never keep a slot whose cache was not filled
+            self.scheduler.abort(request_id)  # never keep blocks whose cache was not filled
             raise
 
     # ---- convenience --------------------------------------------------------------------

@@ -1,11 +1,13 @@
-"""Static KV cache: one preallocated tensor for keys and one for values, indexed by slot.
+"""Paged KV cache: one preallocated tensor for keys and one for values, in blocks.
 
-Layout `[layers, slots, kv_heads, max_model_len, head_dim]`. Nothing is allocated per step:
-prefill and decode write into it in place. A sequence keeps its slot for its whole life.
+Layout `[layers, num_blocks, kv_heads, block_size, head_dim]`: position t of a sequence is row
+t % block_size of block block_table[t // block_size] (the block manager hands blocks out;
+see block_manager.py). Nothing is allocated per step: prefill and decode write in place, and
+a sequence's keys of one KV head are contiguous within a block.
 
-The cache is zero-filled on creation: the PyTorch decode reads whole `[slots, :, :L]` rows and
-masks the positions a sequence has not written, and a masked position must still hold a
-finite number (0 * NaN is NaN).
+The cache is zero-filled on creation: the PyTorch decode reads whole blocks and masks the
+positions a sequence has not written, and a masked position must still hold a finite number
+(0 * NaN is NaN).
 """
 
 from __future__ import annotations
@@ -19,45 +21,68 @@ class KVCache:
     def __init__(
         self,
         config: ModelConfig,
-        num_slots: int,
-        max_model_len: int,
+        num_blocks: int,
+        block_size: int,
         dtype: torch.dtype,
         device: torch.device | str,
         zero: bool = True,
     ):
         """`zero=False` leaves the memory untouched for whoever fills it (the fused CPU step
-        zeroes it from the threads that will read it, for NUMA placement)."""
-        shape = (
-            config.num_layers,
-            num_slots,
-            config.num_kv_heads,
-            max_model_len,
-            config.head_dim,
-        )
+        zeroes it from its own threads, for NUMA placement)."""
+        shape = (config.num_layers, num_blocks, config.num_kv_heads, block_size, config.head_dim)
         alloc = torch.zeros if zero else torch.empty
         self.k = alloc(shape, dtype=dtype, device=device)
         self.v = alloc(shape, dtype=dtype, device=device)
-        self.num_slots = num_slots
-        self.max_model_len = max_model_len
+        self.num_blocks, self.block_size = num_blocks, block_size
+
+    @staticmethod
+    def bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+        elem = torch.empty((), dtype=dtype).element_size()
+        return 2 * config.num_layers * config.num_kv_heads * block_size * config.head_dim * elem
 
     @staticmethod
     def bytes_needed(
-        config: ModelConfig, num_slots: int, max_model_len: int, dtype: torch.dtype
+        config: ModelConfig, num_seqs: int, max_model_len: int, dtype: torch.dtype
     ) -> int:
-        elem = torch.empty((), dtype=dtype).element_size()
-        per_slot = config.num_layers * config.num_kv_heads * max_model_len * config.head_dim
-        return 2 * num_slots * per_slot * elem
+        """Bytes for `num_seqs` sequences of `max_model_len` positions each."""
+        return num_seqs * KVCache.bytes_per_block(config, max_model_len, dtype)
 
     @property
     def nbytes(self) -> int:
         return self.k.nbytes + self.v.nbytes
 
-    def read(self, slot: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Views of one sequence's keys and values: `[layers, kv_heads, length, head_dim]`."""
-        return self.k[:, slot, :, :length], self.v[:, slot, :, :length]
+    def _index(self, block_table: list[int], length: int) -> torch.Tensor:
+        blocks = -(-length // self.block_size)
+        return torch.tensor(block_table[:blocks], dtype=torch.long, device=self.k.device)
 
-    def write(self, slot: int, keys: torch.Tensor, values: torch.Tensor) -> None:
-        """Fill positions `[0, T)` of `slot` from `[layers, kv_heads, T, head_dim]` tensors."""
+    def read(self, block_table: list[int], length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copies of one sequence's keys and values: `[layers, kv_heads, length, head_dim]`."""
+        idx = self._index(block_table, length)
+
+        def gather(cache: torch.Tensor) -> torch.Tensor:
+            x = cache[:, idx]  # [layers, blocks, kv_heads, block_size, head_dim]
+            layers, blocks, heads, size, dim = x.shape
+            x = x.permute(0, 2, 1, 3, 4).reshape(layers, heads, blocks * size, dim)
+            return x[:, :, :length]
+
+        return gather(self.k), gather(self.v)
+
+    def write(self, block_table: list[int], keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Fill positions `[0, T)` of a sequence from `[layers, kv_heads, T, head_dim]` tensors."""
         length = keys.shape[2]
-        self.k[:, slot, :, :length] = keys.to(self.k.dtype)
-        self.v[:, slot, :, :length] = values.to(self.v.dtype)
+        idx = self._index(block_table, length)
+        pad = len(idx) * self.block_size - length
+
+        def scatter(cache: torch.Tensor, x: torch.Tensor) -> None:
+            x = torch.nn.functional.pad(x.to(cache.dtype), (0, 0, 0, pad))
+            layers, heads, _, dim = x.shape
+            x = x.reshape(layers, heads, len(idx), self.block_size, dim).permute(0, 2, 1, 3, 4)
+            if pad:  # the last block's tail may belong to nobody yet: keep what it holds
+                cache[:, idx[:-1]] = x[:, :-1]
+                tail = self.block_size - pad
+                cache[:, idx[-1], :, :tail] = x[:, -1, :, :tail]
+            else:
+                cache[:, idx] = x
+
+        scatter(self.k, keys)
+        scatter(self.v, values)

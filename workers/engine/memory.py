@@ -111,3 +111,40 @@ def check_fits(path: Path, estimate: MemoryEstimate, available: int | None = Non
         "gpu.max_batch_size) to shrink the KV cache, use a smaller quantization (a Q4_K_M or "
         "Q4_0 GGUF, or SYSHAX_QUANTIZE=q4_0), or a machine with more memory"
     )
+
+
+KV_SHARE_OF_FREE = 0.25  # an automatic KV cache takes at most this share of the free memory
+
+
+def plan_kv_blocks(
+    *,
+    bytes_per_block: int,
+    block_size: int,
+    max_num_seqs: int,
+    max_model_len: int,
+    kv_cache_bytes: int | None,
+    free_bytes: int | None,
+) -> int:
+    """How many KV blocks to allocate. Asked (`kv_cache_bytes`): what fits in it. Else room
+    for every sequence at max_model_len, capped at KV_SHARE_OF_FREE of the memory free now
+    (prefix caching and admission by free blocks make a smaller cache work: sequences rarely
+    all reach max_model_len). Raises ValueError when not even one sequence of max_model_len
+    fits."""
+    per_seq = -(-max_model_len // block_size)
+    full = max_num_seqs * per_seq
+    if kv_cache_bytes is not None:
+        blocks = kv_cache_bytes // bytes_per_block
+        why = f"the KV cache budget of {kv_cache_bytes / 2**20:.0f} MiB"
+    else:
+        blocks = full
+        why = "the memory"
+        if free_bytes is not None:
+            blocks = min(full, int(free_bytes * KV_SHARE_OF_FREE) // bytes_per_block)
+            why = f"{KV_SHARE_OF_FREE:.0%} of the {free_bytes / 2**30:.1f} GiB free"
+    if blocks < per_seq:
+        raise ValueError(
+            f"{why} holds {blocks * block_size} KV positions; one sequence of max_model_len "
+            f"{max_model_len} needs {per_seq * block_size} ({per_seq * bytes_per_block / 2**20:.0f} "
+            "MiB). Lower max_model_len or raise the KV budget (kv.cache_mib)."
+        )
+    return blocks

@@ -1,10 +1,11 @@
 """The Llama-family transformer, one parameterised file (in the spirit of gpt-fast's model.py).
 
-Two entry points, both writing into a static KV cache owned by `KVCache`:
+Two entry points, both writing into the paged KV cache owned by `KVCache` (position t of a
+sequence is row t % block_size of block table[t // block_size]):
 
-* `prefill(tokens, slot, start)`: one sequence, many tokens, causal attention.
-* `decode(tokens, positions, slots, lengths_mask)`: one token for each of `n` sequences, the
-  i-th in cache slot `slots[i]` (attention gathers those slots' keys and values).
+* `prefill(tokens, cache, table, start)`: one sequence, many tokens, causal attention.
+* `decode(tokens, positions, tables, lengths_mask, cache)`: one token for each of `n`
+  sequences (attention gathers their blocks' keys and values).
 
 Numerics follow transformers (RMSNorm in fp32, rope tables computed in fp32 then cast), which
 is what lets greedy fp32 output be token-identical to it.
@@ -88,35 +89,41 @@ class Attention(nn.Module):
         k = k * cos + rotate_half(k) * sin
         return q, k, v
 
-    def prefill(self, x, cos, sin, k_cache, v_cache, slot: int, start: int) -> torch.Tensor:
+    def prefill(
+        self, x, cos, sin, k_cache, v_cache, table: torch.Tensor, start: int
+    ) -> torch.Tensor:
         t = x.shape[1]
         q, k, v = self._qkv(x, cos, sin)
         end = start + t
-        k_cache[slot, :, start:end] = k[0]
-        v_cache[slot, :, start:end] = v[0]
+        size = k_cache.shape[2]
+        pos = torch.arange(start, end, device=x.device)
+        blocks, rows = table[pos // size], pos % size
+        k_cache[blocks, :, rows] = k[0].transpose(0, 1).to(k_cache.dtype)
+        v_cache[blocks, :, rows] = v[0].transpose(0, 1).to(v_cache.dtype)
         if start == 0:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         else:
             # Continuing a cached prefix: query i sees every cached position <= start + i.
-            keys = k_cache[slot : slot + 1, :, :end].to(q.dtype)  # the cache may be narrower
-            vals = v_cache[slot : slot + 1, :, :end].to(q.dtype)
-            pos_q = torch.arange(start, end, device=x.device)[:, None]
-            mask = torch.arange(end, device=x.device)[None, :] <= pos_q
+            keys = _gather(k_cache, table[None], end).to(q.dtype)  # the cache may be narrower
+            vals = _gather(v_cache, table[None], end).to(q.dtype)
+            mask = torch.arange(end, device=x.device)[None, :] <= pos[:, None]
             out = F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask, enable_gqa=True)
         return self.o_proj(out.transpose(1, 2).reshape(1, t, -1))
 
-    def decode(self, x, cos, sin, k_cache, v_cache, slots, positions, mask) -> torch.Tensor:
-        """x: [n, 1, hidden]; slots: [n] cache slots; mask: additive [n, 1, 1, L] over
-        cache[slots, :, :L]."""
+    def decode(self, x, cos, sin, k_cache, v_cache, tables, positions, mask) -> torch.Tensor:
+        """x: [n, 1, hidden]; tables: [n, blocks] block tables; mask: additive [n, 1, 1, L]
+        over each sequence's positions [0, L)."""
         n = x.shape[0]
         c = self.c
         q, k, v = self._qkv(x, cos, sin)
-        k_cache[slots, :, positions] = k[:, :, 0].to(k_cache.dtype)
-        v_cache[slots, :, positions] = v[:, :, 0].to(v_cache.dtype)
+        size = k_cache.shape[2]
+        blocks = tables[torch.arange(n, device=x.device), positions // size]
+        k_cache[blocks, :, positions % size] = k[:, :, 0].to(k_cache.dtype)
+        v_cache[blocks, :, positions % size] = v[:, :, 0].to(v_cache.dtype)
         length = mask.shape[-1]
         # A float16 cache under float32 compute: read back what was stored (rounded).
-        keys = k_cache[slots, :, :length].to(q.dtype)
-        vals = v_cache[slots, :, :length].to(q.dtype)
+        keys = _gather(k_cache, tables, length).to(q.dtype)
+        vals = _gather(v_cache, tables, length).to(q.dtype)
         # Grouped-query attention without repeating K/V: fold the query heads of one KV head
         # into the "query length" axis. [n, KVH, G, D] @ [n, KVH, D, L] -> [n, KVH, G, L].
         group = c.num_heads // c.num_kv_heads
@@ -125,6 +132,15 @@ class Attention(nn.Module):
         probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
         out = torch.matmul(probs, vals)  # [n, KVH, G, D]
         return self.o_proj(out.reshape(n, 1, c.num_heads * c.head_dim))
+
+
+def _gather(cache: torch.Tensor, tables: torch.Tensor, length: int) -> torch.Tensor:
+    """Positions [0, length) of n sequences from a layer's paged cache: [n, kv_heads, length,
+    head_dim] (a copy). tables: [n, blocks]."""
+    size = cache.shape[2]
+    x = cache[tables[:, : -(-length // size)]]  # [n, blocks, kv_heads, size, head_dim]
+    n, blocks, heads, _, dim = x.shape
+    return x.permute(0, 2, 1, 3, 4).reshape(n, heads, blocks * size, dim)[:, :, :length]
 
 
 class MLP(nn.Module):
@@ -178,15 +194,16 @@ class Transformer(nn.Module):
 
     @torch.inference_mode()
     def prefill(
-        self, tokens: torch.Tensor, cache: KVCache, slot: int, start: int = 0
+        self, tokens: torch.Tensor, cache: KVCache, table: torch.Tensor, start: int = 0
     ) -> torch.Tensor:
-        """Run `tokens` ([T]) of one sequence from position `start`; return last-position logits [V] (fp32)."""
+        """Run `tokens` ([T]) of one sequence (block table `table`, a long tensor) from position
+        `start`; return last-position logits [V] (fp32)."""
         t = tokens.shape[0]
         x = self.embed_tokens(tokens)[None]
         cos, sin = self._rope(torch.arange(start, start + t, device=tokens.device)[None], x.dtype)
         for i, layer in enumerate(self.layers):
             h = layer.input_layernorm(x)
-            x = x + layer.self_attn.prefill(h, cos, sin, cache.k[i], cache.v[i], slot, start)
+            x = x + layer.self_attn.prefill(h, cos, sin, cache.k[i], cache.v[i], table, start)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         return self.lm_head(self.norm(x[:, -1])).float()[0]
 
@@ -195,18 +212,19 @@ class Transformer(nn.Module):
         self,
         tokens: torch.Tensor,
         positions: torch.Tensor,
-        slots: torch.Tensor,
+        tables: torch.Tensor,
         mask: torch.Tensor,
         cache: KVCache,
     ) -> torch.Tensor:
-        """One step for n sequences: tokens/positions/slots [n]; returns logits [n, V] (fp32)."""
+        """One step for n sequences: tokens/positions [n], block tables [n, blocks]; returns
+        logits [n, V] (fp32)."""
         x = self.embed_tokens(tokens)[:, None]  # [n, 1, hidden]
         cos, sin = self._rope(positions[:, None], x.dtype)
         mask = mask.to(x.dtype)
         for i, layer in enumerate(self.layers):
             h = layer.input_layernorm(x)
             x = x + layer.self_attn.decode(
-                h, cos, sin, cache.k[i], cache.v[i], slots, positions, mask
+                h, cos, sin, cache.k[i], cache.v[i], tables, positions, mask
             )
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         return self.lm_head(self.norm(x[:, 0])).float()

@@ -29,6 +29,10 @@ class EngineProtocol(Protocol):
     def num_waiting(self) -> int:
         """Sequences queued for a slot."""
 
+    @property
+    def kv_blocks(self) -> tuple[int, int]:
+        """(free, total) KV cache blocks: with nothing running, every block is free."""
+
     def request_ids(self) -> list[str]: ...
 
     def output_ids(self, request_id: str) -> list[int]: ...

@@ -21,15 +21,16 @@ class FusedRunner:
     def execute(self, step: ScheduledStep) -> torch.Tensor:
         tokens: list[int] = []
         positions: list[int] = []
-        slots: list[int] = []
+        seqs: list[int] = []
         out_rows: list[int] = []
-        for c in step.chunks:
+        for i, c in enumerate(step.chunks):
             tokens += c.token_ids
             positions += range(c.start, c.start + c.length)
-            slots += [c.seq.slot] * c.length
+            seqs += [i] * c.length
             if c.samples:
                 out_rows.append(len(tokens) - 1)
-        return self.fused.step(tokens, positions, slots, out_rows)
+        tables = [c.seq.block_table for c in step.chunks]
+        return self.fused.step(tokens, positions, seqs, tables, out_rows)
 
 
 class TorchRunner:
@@ -45,7 +46,8 @@ class TorchRunner:
         for c in step.chunks:
             if c.length > 1:
                 ids = torch.tensor(c.token_ids, dtype=torch.long, device=self.device)
-                logits[id(c)] = self.model.prefill(ids, self.cache, c.seq.slot, c.start)
+                table = torch.tensor(c.seq.block_table, dtype=torch.long, device=self.device)
+                logits[id(c)] = self.model.prefill(ids, self.cache, table, c.start)
         rows = [logits[id(c)] for c in step.sampling]
         if not rows:
             return torch.empty((0, self.model.config.vocab_size))
@@ -56,9 +58,16 @@ class TorchRunner:
         dev = self.device
         tokens = torch.tensor([c.token_ids[0] for c in chunks], dtype=torch.long, device=dev)
         positions = torch.tensor([c.start for c in chunks], dtype=torch.long, device=dev)
-        slots = torch.tensor([c.seq.slot for c in chunks], dtype=torch.long, device=dev)
+        tables = block_tables([c.seq.block_table for c in chunks], dev)
         length = max(c.start for c in chunks) + 1
         visible = torch.arange(length, device=dev)[None, :] <= positions[:, None]
         mask = torch.zeros(visible.shape, dtype=torch.float32, device=dev)
         mask.masked_fill_(~visible, float("-inf"))
-        return self.model.decode(tokens, positions, slots, mask[:, None, None, :], self.cache)
+        return self.model.decode(tokens, positions, tables, mask[:, None, None, :], self.cache)
+
+
+def block_tables(tables: list[list[int]], device, dtype=torch.long) -> torch.Tensor:
+    """[n, longest] block tables, short ones padded with block 0 (never read: masked in the
+    PyTorch path, beyond the position in the native one)."""
+    width = max(len(t) for t in tables)
+    return torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=dtype, device=device)

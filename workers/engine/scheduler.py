@@ -8,9 +8,14 @@ A decode is the case of one row. Each step (vLLM's max_num_batched_tokens):
 
 1. every decoding sequence gets its one row, so streams keep their pace while prompts arrive;
 2. sequences part-way through their prompt continue, in arrival order;
-3. waiting sequences take a free KV slot and start, while the token budget lasts.
+3. waiting sequences start (first in, first out) while the token budget, the running limit
+   and the KV blocks last: a newcomer first takes the cached blocks its prompt starts with
+   (prefix caching), then needs free blocks for the rest of its prompt.
 
 A prompt longer than what is left of the budget is computed in chunks over several steps.
+When a decode finds no free block, the most recently admitted sequence is preempted: its
+blocks are freed and it goes back to the head of the queue with the tokens it generated,
+to be recomputed (vLLM's recompute preemption). Nothing it streamed is lost or repeated.
 """
 
 from __future__ import annotations
@@ -21,11 +26,13 @@ from dataclasses import dataclass, field
 
 from syshax.shared.sampling import SamplingParams
 
+from .block_manager import BlockManager
 from .errors import CapacityError, RequestError
 from .outputs import StepOutput
-from .sequence import Sequence, SlotPool, make_detokenizer, record_token
+from .sequence import Sequence, make_detokenizer, record_token
 
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 256
+DEFAULT_BLOCK_SIZE = 16
 
 
 @dataclass
@@ -72,10 +79,15 @@ class Scheduler:
         max_num_seqs: int,
         max_model_len: int,
         max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
+        num_blocks: int | None = None,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        prefix_caching: bool = True,
         vocab_size: int | None = None,
         stop_token_ids: frozenset[int] = frozenset(),
         tokenizer=None,
     ):
+        """`num_blocks`: KV blocks of `block_size` positions (default: room for every
+        sequence at max_model_len)."""
         if max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
         if max_num_batched_tokens < max_num_seqs:
@@ -89,10 +101,19 @@ class Scheduler:
         self.vocab_size = vocab_size
         self.stop_token_ids = stop_token_ids
         self.tokenizer = tokenizer
-        self.slots = SlotPool(max_num_seqs)
+        self.max_num_seqs = max_num_seqs
+        if num_blocks is None:
+            num_blocks = max_num_seqs * -(-max_model_len // block_size)
+        if num_blocks * block_size < max_model_len:
+            raise ValueError(
+                f"the KV cache ({num_blocks} blocks of {block_size} = {num_blocks * block_size} "
+                f"positions) cannot hold one sequence of max_model_len {max_model_len}"
+            )
+        self.blocks = BlockManager(num_blocks, block_size, prefix_caching)
         self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []  # holding a slot, in admission order
+        self.running: list[Sequence] = []  # holding KV blocks, in admission order
         self.sequences: dict[str, Sequence] = {}
+        self.preemptions = 0
 
     # ---- requests -----------------------------------------------------------------------
 
@@ -112,6 +133,12 @@ class Scheduler:
             raise RequestError(
                 f"prompt has {len(prompt_ids)} tokens; max_model_len is {self.max_model_len} "
                 "(the prompt must leave room for at least one generated token)"
+            )
+        room = self.blocks.num_blocks * self.blocks.block_size
+        if len(prompt_ids) + len(output_ids) >= room:
+            raise RequestError(
+                f"prompt has {len(prompt_ids) + len(output_ids)} tokens; this engine's whole KV "
+                f"cache holds {room} positions"
             )
         if self.vocab_size is not None:
             bad = [t for t in prompt_ids if not 0 <= t < self.vocab_size]
@@ -133,24 +160,28 @@ class Scheduler:
         self.waiting.append(seq)
 
     def add_running(self, seq: Sequence, num_cached: int) -> None:
-        """Admit a sequence whose first `num_cached` rows are already in its slot's cache (a
-        KV import): the caller fills `seq.slot`'s cache after this returns."""
-        if not self.slots.has_free:
-            raise CapacityError(f"all {self.slots.num_slots} sequence slots are in use")
-        self.slots.acquire(seq)
+        """Admit a sequence whose first `num_cached` rows are already computed (a KV import):
+        the caller fills its blocks' cache after this returns."""
+        if len(self.running) >= self.max_num_seqs:
+            raise CapacityError(f"all {self.max_num_seqs} sequences are running")
+        if not self.blocks.grow(seq, num_cached + 1):
+            raise CapacityError(
+                f"no room in the KV cache for {num_cached + 1} positions "
+                f"({self.blocks.num_free} blocks free)"
+            )
         seq.num_cached = seq.prefill_end = num_cached
         self.running.append(seq)
         self.sequences[seq.request_id] = seq
 
     def abort(self, request_id: str) -> Sequence | None:
-        """Drop a request wherever it is (waiting or running) and free its slot."""
+        """Drop a request wherever it is (waiting or running) and free its blocks."""
         seq = self.sequences.pop(request_id, None)
         if seq is None:
             return None
-        if seq.slot >= 0:
-            self._release(seq)
-        else:
+        if seq in self.waiting:
             self.waiting.remove(seq)
+        else:
+            self._release(seq)
         return seq
 
     def has_unfinished(self) -> bool:
@@ -161,36 +192,64 @@ class Scheduler:
     def schedule(self) -> ScheduledStep:
         budget = self.max_num_batched_tokens
         step = ScheduledStep()
-        decoding = [s for s in self.running if s.length - s.num_cached == 1]
-        prefilling = [s for s in self.running if s.length - s.num_cached > 1]
-        for seq in decoding:
+        for seq in [s for s in self.running if s.length - s.num_cached == 1]:
+            if seq not in self.running:
+                continue  # preempted for an earlier decode of this step
+            if not self._make_room(seq, seq.length):
+                continue  # it preempted itself
             step.chunks.append(Chunk(seq, seq.num_cached, 1))
-        budget -= len(decoding)
-        for seq in prefilling:
+            budget -= 1
+        for seq in [s for s in self.running if s.length - s.num_cached > 1]:
             if budget <= 0:
                 return step
             n = min(seq.length - seq.num_cached, budget)
             step.chunks.append(Chunk(seq, seq.num_cached, n))
             budget -= n
-        while budget > 0 and self.waiting and self.slots.has_free:
-            seq = self.waiting.popleft()
-            self.slots.acquire(seq)
+        while budget > 0 and self.waiting and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            seq.num_cached = self.blocks.match_prefix(seq)
+            # Blocks for the whole prompt now, so a prompt never stalls half-computed (two
+            # half-computed prompts could each wait for the other's blocks). First in, first
+            # out: while the head does not fit, later ones wait behind it.
+            if not self.blocks.grow(seq, seq.length):
+                self.blocks.release(seq)
+                seq.num_cached = 0
+                break
+            self.waiting.popleft()
             self.running.append(seq)
-            n = min(seq.length, budget)
-            step.chunks.append(Chunk(seq, 0, n))
+            n = min(seq.length - seq.num_cached, budget)
+            step.chunks.append(Chunk(seq, seq.num_cached, n))
             budget -= n
         return step
+
+    def _make_room(self, seq: Sequence, num_tokens: int) -> bool:
+        """Blocks for `seq`'s first `num_tokens` positions, preempting the most recently
+        admitted sequences while there are none; False if `seq` itself had to go."""
+        while not self.blocks.grow(seq, num_tokens):
+            victim = self.running[-1]
+            self._preempt(victim)
+            if victim is seq:
+                return False
+        return True
+
+    def _preempt(self, seq: Sequence) -> None:
+        self._release(seq)
+        seq.num_cached = 0
+        seq.prefill_end = seq.length  # recomputed rows count as prompt rows
+        self.waiting.appendleft(seq)
+        self.preemptions += 1
 
     def update(
         self, step: ScheduledStep, tokens: Seq[int], logprobs: Seq[float | None]
     ) -> list[StepOutput]:
         """Record a computed step: rows are cached; `tokens[i]` is sampled for the i-th chunk
-        of `step.sampling`. Finished sequences leave and free their slot."""
+        of `step.sampling`. Finished sequences leave and free their blocks."""
         outs = []
         sampled = iter(zip(tokens, logprobs, strict=True))
         for chunk in step.chunks:
             seq = chunk.seq
             seq.num_cached = chunk.start + chunk.length
+            self.blocks.cache_full_blocks(seq)
             if not chunk.samples:
                 continue
             token, logprob = next(sampled)
@@ -212,5 +271,5 @@ class Scheduler:
         return outs
 
     def _release(self, seq: Sequence) -> None:
-        self.slots.release(seq)
+        self.blocks.release(seq)
         self.running.remove(seq)

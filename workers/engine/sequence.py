@@ -1,4 +1,4 @@
-"""Per-request state inside one engine, and the pool of KV cache slots.
+"""Per-request state inside one engine.
 
 Torch-free on purpose (as nano-vllm keeps its scheduler and block manager): the bookkeeping
 can be tested without a model.
@@ -6,13 +6,10 @@ can be tested without a model.
 
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass, field
 from typing import Any
 
 from syshax.shared.sampling import SamplingParams
-
-from .errors import CapacityError
 
 
 @dataclass
@@ -25,7 +22,8 @@ class Sequence:
     # Tokens whose K/V are in the cache. Invariant while running: num_cached == len(all_ids) - 1
     # (the last sampled token is the next decode input and has no K/V yet).
     num_cached: int = 0
-    slot: int = -1
+    block_table: list[int] = field(default_factory=list)  # KV blocks, in position order
+    block_keys: list = field(default_factory=list)  # prefix-cache keys of its full blocks
     # Rows before this are the prompt (with the outputs a resumed request brings); rows from
     # here on are decodes. For timings only.
     prefill_end: int = 0
@@ -86,34 +84,3 @@ def record_token(seq: Sequence, token: int, stop_ids: frozenset[int], max_model_
     if seq.finish_reason is not None and seq.detokenizer is not None:
         text += seq.detokenizer.flush()
     return text
-
-
-class SlotPool:
-    """KV cache slots, one per running sequence, handed out lowest first.
-
-    A slot is a sequence's region of the cache for its whole life: nothing moves when another
-    sequence leaves (the fused step and attention address rows by slot)."""
-
-    def __init__(self, num_slots: int):
-        self.num_slots = num_slots
-        self._free = list(range(num_slots))  # a heap; lowest first keeps the used range small
-
-    def __len__(self) -> int:
-        """Slots in use."""
-        return self.num_slots - len(self._free)
-
-    @property
-    def has_free(self) -> bool:
-        return bool(self._free)
-
-    def acquire(self, seq: Sequence) -> int:
-        if not self._free:
-            raise CapacityError(f"all {self.num_slots} sequence slots are in use")
-        seq.slot = heapq.heappop(self._free)
-        return seq.slot
-
-    def release(self, seq: Sequence) -> None:
-        if not 0 <= seq.slot < self.num_slots or seq.slot in self._free:
-            raise KeyError(seq.request_id)
-        heapq.heappush(self._free, seq.slot)
-        seq.slot = -1

@@ -10,7 +10,7 @@ from syshax.shared.sampling import SamplingParams
 from syshax.workers.cpu.quantized import QuantLinear
 from syshax.workers.engine.engine import Engine
 from syshax.workers.engine.errors import EngineError
-from syshax.workers.engine.runner import TorchRunner
+from syshax.workers.engine.runner import FusedRunner, TorchRunner
 from syshax.workers.engine.scheduler import Chunk, ScheduledStep
 
 from ..conftest import ARCHS
@@ -52,14 +52,16 @@ def _teacher_forced(engine: Engine, prompt: list[int], steps: int):
     engine.step()  # prefill
     seq = engine.scheduler.sequences["t"]
     torch_path = TorchRunner(engine.model, engine.cache, engine.device)
+    fused_path = FusedRunner(engine.fused)
     pairs = []
     for _ in range(steps):
-        tok, pos = [seq.output_ids[-1]], [seq.num_cached]
+        assert engine.scheduler.blocks.grow(seq, seq.num_cached + 1)
+        step = ScheduledStep([Chunk(seq, seq.num_cached, 1)])
         k, v = engine.cache.k.clone(), engine.cache.v.clone()
-        fused = engine.fused.decode(tok, pos)
+        fused = fused_path.execute(step)
         engine.cache.k.copy_(k)
         engine.cache.v.copy_(v)
-        pairs.append((fused[0], torch_path.execute(ScheduledStep([Chunk(seq, pos[0], 1)]))[0]))
+        pairs.append((fused[0], torch_path.execute(step)[0]))
         seq.num_cached += 1
         seq.output_ids.append(int(pairs[-1][1].argmax()))
     return pairs
@@ -116,8 +118,15 @@ def test_fused_refuses_what_it_cannot_run(tiny_models):
     with pytest.raises(EngineError, match="quantize 'q2_k' is not valid"):
         _engine(folder, quantize="q2_k")
     engine = _engine(folder, op_mode="fused")
+    step = engine.fused.step
     with pytest.raises(RuntimeError, match="position"):
-        engine.fused.decode([1], [10_000])
+        step([1], [10_000], [0], [[0]], [0])
     with pytest.raises(RuntimeError, match="vocabulary"):
-        engine.fused.decode([10**6], [0])
-    assert torch.isfinite(engine.fused.decode([1], [0])).all()
+        step([10**6], [0], [0], [[0]], [0])
+    with pytest.raises(RuntimeError, match="block is out of range"):
+        step([1], [0], [0], [[engine.cache.num_blocks]], [0])
+    with pytest.raises(RuntimeError, match="block is out of range"):
+        step([1], [40], [0], [[0]], [0])  # position 40 is beyond the sequence's one block
+    with pytest.raises(RuntimeError, match="adjacent"):
+        step([1, 2, 3], [0, 1, 1], [0, 1, 0], [[0], [1]], [2])
+    assert torch.isfinite(step([1], [0], [0], [[0]], [0])).all()

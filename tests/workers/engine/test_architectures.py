@@ -49,16 +49,17 @@ def test_prefill_and_decode_logits_match_transformers(tiny_models, arch):
     seq = eng.scheduler.sequences["r"]
     with torch.no_grad():
         ref_logits = ref(torch.tensor([seq.all_ids])).logits[0]
-    prefill_logits = eng.model.prefill(torch.tensor(PROMPT), eng.cache, slot=1)
+    spare = torch.arange(eng.cache.num_blocks - 4, eng.cache.num_blocks)  # blocks r does not hold
+    prefill_logits = eng.model.prefill(torch.tensor(PROMPT), eng.cache, spare)
     torch.testing.assert_close(
         prefill_logits, ref_logits[len(PROMPT) - 1], atol=LOGITS_ATOL, rtol=0
     )
     # The decode path, at position len(PROMPT), against the reference's last position.
     pos = torch.tensor([len(PROMPT)])
     mask = torch.zeros(1, 1, 1, len(PROMPT) + 1)
-    slot = torch.tensor([seq.slot])
+    tables = torch.tensor([seq.block_table])
     decode_logits = eng.model.decode(
-        torch.tensor([seq.output_ids[-1]]), pos, slot, mask, eng.cache
+        torch.tensor([seq.output_ids[-1]]), pos, tables, mask, eng.cache
     )[0]
     torch.testing.assert_close(decode_logits, ref_logits[-1], atol=LOGITS_ATOL, rtol=0)
 
@@ -66,7 +67,7 @@ def test_prefill_and_decode_logits_match_transformers(tiny_models, arch):
 def test_bf16_logits_within_tolerance(tiny_models):
     folder, ref = tiny_models["llama"]
     eng = _engine(folder, dtype="bfloat16")
-    logits = eng.model.prefill(torch.tensor(PROMPT), eng.cache, slot=0)
+    logits = eng.model.prefill(torch.tensor(PROMPT), eng.cache, torch.arange(4))
     with torch.no_grad():
         expected = ref(torch.tensor([PROMPT])).logits[0, -1]
     # bf16 keeps 8 bits of mantissa: compare relative to the logits' spread.

@@ -102,7 +102,8 @@ def test_kv_move_within_process_equals_undisturbed_run(tiny_models):
     src.add_request("r", PROMPTS[1], params)
     first = src.step()[0]
     blob = src.export_kv("r")
-    assert src.num_running == 0, "export with release frees the source slot"
+    assert src.num_running == 0, "export with release frees the source's blocks"
+    assert src.kv_blocks[0] == src.kv_blocks[1]
     dst.import_kv("r", blob, PROMPTS[1], [first.token_id], params)
     assert [first.token_id] + _run_all(dst)["r"] == expected
 
@@ -115,14 +116,15 @@ def test_kv_move_fp32_to_bf16_stays_close(tiny_models):
     blob = src.export_kv("r", release=False)
     dst.import_kv("r", blob, PROMPTS[3], [first.token_id], _greedy(5))
     _, k32, _ = kv_format.decode(blob)
-    k16 = dst.cache.k[:, 0, :, : k32.shape[2]]
+    k16, _ = dst.cache.read(dst.scheduler.sequences["r"].block_table, k32.shape[2])
     assert k16.dtype == torch.bfloat16
     torch.testing.assert_close(k16.float(), k32, atol=0.05, rtol=0.01)
     # decode continues in bf16 and agrees with fp32 on the next token's logits within bf16 precision
     pos, mask = torch.tensor([len(PROMPTS[3])]), torch.zeros(1, 1, 1, len(PROMPTS[3]) + 1)
-    slot = torch.tensor([0])
-    a = src.model.decode(torch.tensor([first.token_id]), pos, slot, mask, src.cache)[0]
-    b = dst.model.decode(torch.tensor([first.token_id]), pos, slot, mask, dst.cache)[0]
+    table_a = torch.tensor([src.scheduler.sequences["r"].block_table])
+    table_b = torch.tensor([dst.scheduler.sequences["r"].block_table])
+    a = src.model.decode(torch.tensor([first.token_id]), pos, table_a, mask, src.cache)[0]
+    b = dst.model.decode(torch.tensor([first.token_id]), pos, table_b, mask, dst.cache)[0]
     assert (a - b).abs().max().item() < 0.05 * a.abs().max().item()
 
 
@@ -199,7 +201,7 @@ def test_prompt_over_max_model_len_and_bad_tokens(tiny_models):
     assert len(outs) == 6 and outs[-1].finish_reason == "length"
 
 
-def test_abort_frees_slots(tiny_models):
+def test_abort_frees_kv_blocks(tiny_models):
     eng = _engine(tiny_models["llama"][0], max_num_seqs=2)
     for i, p in enumerate(PROMPTS):
         eng.add_request(f"r{i}", p, _greedy(50))
@@ -209,9 +211,68 @@ def test_abort_frees_slots(tiny_models):
     eng.abort("r3")  # still waiting
     assert set(eng.request_ids()) == {"r1", "r2"} and eng.num_running == 1
     assert eng.num_waiting == 1
-    eng.step()  # r2 takes r0's slot
+    eng.step()  # r2 starts in r0's place
     assert eng.num_running == 2 and eng.num_waiting == 0
     eng.abort("r2")
     eng.abort("r1")
     assert eng.num_running == 0 and not eng.has_unfinished()
-    assert eng.scheduler.slots.has_free and len(eng.scheduler.slots) == 0
+    free, total = eng.kv_blocks
+    assert free == total
+
+
+@pytest.mark.parametrize("op_mode", [None, "fused"])
+def test_prefix_cache_hit_gives_the_uncached_tokens(tiny_models, op_mode):
+    """A shared 40-token system prompt: the second request takes its cached blocks and
+    computes only its own tail, and generates what an engine without prefix caching does."""
+    folder, _ = tiny_models["qwen3"]
+    system = [(7 * i + 3) % 400 + 5 for i in range(40)]
+    prompts = [system + [11, 12, 13], system + [21, 22]]
+    plain = _engine(folder, op_mode=op_mode, prefix_caching=False)
+    expected = [
+        [o.token_id for o in plain.generate(p, _greedy(12), f"r{i}")] for i, p in enumerate(prompts)
+    ]
+    eng = _engine(folder, op_mode=op_mode)
+    got = [
+        [o.token_id for o in eng.generate(p, _greedy(12), f"r{i}")] for i, p in enumerate(prompts)
+    ]
+    assert got == expected
+    blocks = eng.scheduler.blocks
+    assert blocks.hits == 40 // blocks.block_size  # every full block of the system prompt
+    assert eng.stats.prompt_tokens == len(prompts[0]) + len(prompts[1]) - 32
+    assert eng.kv_blocks[0] == eng.kv_blocks[1]  # all free again (cached ones count as free)
+
+
+@pytest.mark.parametrize("op_mode", [None, "fused"])
+def test_preemption_under_memory_pressure_loses_no_tokens(tiny_models, op_mode):
+    """A KV cache of 10 blocks (160 positions) for 4 sequences that grow to ~45 positions
+    each: decodes run out of blocks, later sequences are preempted and recomputed; each still
+    gets exactly the tokens of its undisturbed run, each index once."""
+    folder, _ = tiny_models["llama"]
+    probe = _engine(folder, op_mode=op_mode)
+    per_block = probe.cache.nbytes // probe.cache.num_blocks
+    expected = {
+        f"r{i}": [o.token_id for o in _engine(folder, op_mode=op_mode).generate(p, _greedy(34))]
+        for i, p in enumerate(PROMPTS)
+    }
+    eng = _engine(folder, op_mode=op_mode, kv_cache_bytes=10 * per_block, prefix_caching=False)
+    assert eng.cache.num_blocks == 10
+    for i, p in enumerate(PROMPTS):
+        eng.add_request(f"r{i}", p, _greedy(34))
+    got: dict[str, list[int]] = {}
+    while eng.has_unfinished():
+        for o in eng.step():
+            assert o.index == len(got.setdefault(o.request_id, []))
+            got[o.request_id].append(o.token_id)
+    assert eng.scheduler.preemptions > 0
+    assert got == expected
+    assert eng.kv_blocks == (10, 10)
+
+
+def test_kv_budget_smaller_than_one_sequence_is_refused(tiny_models):
+    from syshax.workers.engine.errors import EngineError
+
+    folder, _ = tiny_models["llama"]
+    probe = _engine(folder)
+    per_block = probe.cache.nbytes // probe.cache.num_blocks
+    with pytest.raises(EngineError, match="max_model_len 128"):
+        _engine(folder, kv_cache_bytes=3 * per_block)  # 48 positions < 128

@@ -32,7 +32,9 @@ typedef struct {
 
 struct sx_ctx {
     sx_model m;
-    int max_batch, nt, nrc, kmax, q_out, kv_out;
+    int max_batch, nt, nrc, kmax, q_out, kv_out, bs;
+    const int32_t **row_table; /* [max_batch]: each row's block table, set per step */
+    int32_t *ident;            /* [n_slots]: ident[s] = s, the tables of an unpaged cache */
     float *x, *qkv, *attn, *proj, *gu, *h;
     sx_scratch *ws;
 };
@@ -91,6 +93,8 @@ void sx_ctx_free(sx_ctx *c) {
             free(c->ws[t].scores);
         }
     free(c->ws);
+    free(c->row_table);
+    free(c->ident);
     free(c->x);
     free(c->qkv);
     free(c->attn);
@@ -111,6 +115,7 @@ sx_ctx *sx_ctx_new(const sx_model *m, int max_batch, int n_threads, int nrc) {
     c->nrc = nrc;
     c->q_out = m->n_heads * m->head_dim;
     c->kv_out = m->n_kv_heads * m->head_dim;
+    c->bs = m->block_size ? m->block_size : m->max_len;
     int kmax = m->hidden > c->q_out ? m->hidden : c->q_out;
     c->kmax = kmax > m->inter ? kmax : m->inter;
     const size_t B = (size_t)max_batch;
@@ -121,7 +126,11 @@ sx_ctx *sx_ctx_new(const sx_model *m, int max_batch, int n_threads, int nrc) {
     c->gu = zalloc(B * 2 * m->inter * 4);
     c->h = zalloc(B * m->inter * 4);
     c->ws = (sx_scratch *)calloc(c->nt, sizeof(sx_scratch));
-    int ok = c->x && c->qkv && c->attn && c->proj && c->gu && c->h && c->ws;
+    c->row_table = (const int32_t **)calloc(B, sizeof(int32_t *));
+    c->ident = (int32_t *)calloc(m->n_slots > 0 ? m->n_slots : 1, sizeof(int32_t));
+    int ok = c->x && c->qkv && c->attn && c->proj && c->gu && c->h && c->ws && c->row_table && c->ident &&
+             c->bs > 0 && (m->block_size == 0 || m->block_size % 8 == 0);
+    for (int s = 0; ok && s < m->n_slots; s++) c->ident[s] = s;
     for (int t = 0; ok && t < c->nt; t++) {
         c->ws[t].xn = zalloc(B * c->kmax * 4);
         c->ws[t].blocks = zalloc(B * (c->kmax / SX_QK) * sizeof(sx_act_block));
@@ -155,26 +164,54 @@ static void norm_rows(const float *x, const float *w, int n, int d, float eps, f
     for (int i = 0; i < n; i++) sx_rmsnorm(x + (size_t)i * d, w, d, eps, out + (size_t)i * d);
 }
 
-/* Step 2: attention of query heads [h0, h1) of sequence s, all of one KV head g. Each item
+/* Where position pos of KV head g of a sequence with block table `table` is, in elements from
+ * the layer's cache base ([blocks, kv_heads, block_size, head_dim]). */
+static inline size_t kv_at(const sx_ctx *c, const int32_t *table, int g, int64_t pos) {
+    const sx_model *m = &c->m;
+    return (((size_t)table[pos / c->bs] * m->n_kv_heads + g) * c->bs + (size_t)(pos % c->bs)) * m->head_dim;
+}
+
+/* The new key of row s, KV head g: normalised and rotated into k (d floats). */
+static const float *new_kv(const sx_ctx *c, const sx_layer *L, int s, int g, int64_t pos, float *k) {
+    const sx_model *m = &c->m;
+    const int d = m->head_dim;
+    const float *row = c->qkv + (size_t)s * (c->q_out + 2 * c->kv_out);
+    memcpy(k, row + c->q_out + (size_t)g * d, (size_t)d * 4);
+    if (L->k_norm) sx_rmsnorm(k, L->k_norm, d, m->eps, k);
+    sx_rope(k, m->rope_cos + pos * d, m->rope_sin + pos * d, d);
+    return row + c->q_out + c->kv_out + (size_t)g * d; /* the new value */
+}
+
+static void attend_heads(const sx_ctx *c, const sx_layer *L, int s, const int32_t *table, int h0, int h1,
+                         int64_t pos, const float *k, const float *vn, float *scratch) {
+    const sx_model *m = &c->m;
+    const int d = m->head_dim, g = h0 / (m->n_heads / m->n_kv_heads);
+    float *row = c->qkv + (size_t)s * (c->q_out + 2 * c->kv_out);
+    const float *cs = m->rope_cos + pos * d, *sn = m->rope_sin + pos * d;
+    const float scale = (float)(1.0 / sqrt((double)d));
+    const size_t block = (size_t)m->n_kv_heads * c->bs * d, head = (size_t)g * c->bs * d;
+    for (int h = h0; h < h1; h++) {
+        float *q = row + (size_t)h * d;
+        if (L->q_norm) sx_rmsnorm(q, L->q_norm, d, m->eps, q);
+        sx_rope(q, cs, sn, d);
+        sx_attend_paged(q, L->k_cache, L->v_cache, m->kv_f16, table, c->bs, block, head, (int)pos, k, vn, d, scale,
+                        scratch, c->attn + (size_t)s * c->q_out + (size_t)h * d);
+    }
+}
+
+/* Step 2: attention of query heads [h0, h1) of row s, all of one KV head g. Each item
  * rotates its KV head's new key itself (64 multiplies) and attends over the cache's [0, pos)
  * plus the new key and value held locally; only the item holding the group's first head
  * writes them into the cache at pos. So no item reads what another writes in this phase.
  * Items are whole groups (each key and value read once per step: attention is memory-bound
  * at large batch) unless that leaves threads idle (batch 1), then single heads. */
-static void attention_item(const sx_ctx *c, const sx_layer *L, int s, int64_t slot, int h0, int h1,
+static void attention_item(const sx_ctx *c, const sx_layer *L, int s, const int32_t *table, int h0, int h1,
                            int64_t pos, float *scratch) {
     const sx_model *m = &c->m;
     const int d = m->head_dim, group = m->n_heads / m->n_kv_heads, g = h0 / group;
-    float *row = c->qkv + (size_t)s * (c->q_out + 2 * c->kv_out), *k = scratch + m->max_len;
-    const float *v = row + c->q_out + c->kv_out + (size_t)g * d;
-    const float *cs = m->rope_cos + pos * d, *sn = m->rope_sin + pos * d;
-    memcpy(k, row + c->q_out + (size_t)g * d, (size_t)d * 4);
-    if (L->k_norm) sx_rmsnorm(k, L->k_norm, d, m->eps, k);
-    sx_rope(k, cs, sn, d);
-    const size_t base = ((size_t)slot * m->n_kv_heads + g) * m->max_len * d;
-    const size_t eb = m->kv_f16 ? 2 : 4;
-    char *kc = (char *)L->k_cache + base * eb, *vc = (char *)L->v_cache + base * eb;
-    float *vn = k + d; /* the new value as the cache holds it */
+    float *k = scratch + m->max_len, *vn = k + d; /* the new key and value as the cache holds them */
+    const float *v = new_kv(c, L, s, g, pos, k);
+    const size_t at = kv_at(c, table, g, pos);
     if (m->kv_f16) {
         /* Attend with the new key and value as they will be read back later: rounded. */
         for (int i = 0; i < d; i++) {
@@ -182,40 +219,29 @@ static void attention_item(const sx_ctx *c, const sx_layer *L, int s, int64_t sl
             k[i] = sx_h2f(hk);
             vn[i] = sx_h2f(hv);
             if (h0 % group == 0) {
-                ((uint16_t *)kc)[pos * d + i] = hk;
-                ((uint16_t *)vc)[pos * d + i] = hv;
+                ((uint16_t *)L->k_cache)[at + i] = hk;
+                ((uint16_t *)L->v_cache)[at + i] = hv;
             }
         }
     } else {
         memcpy(vn, v, (size_t)d * 4);
         if (h0 % group == 0) {
-            memcpy(kc + pos * d * 4, k, (size_t)d * 4);
-            memcpy(vc + pos * d * 4, v, (size_t)d * 4);
+            memcpy((float *)L->k_cache + at, k, (size_t)d * 4);
+            memcpy((float *)L->v_cache + at, v, (size_t)d * 4);
         }
     }
-    const float scale = (float)(1.0 / sqrt((double)d));
-    for (int h = h0; h < h1; h++) {
-        float *q = row + (size_t)h * d;
-        if (L->q_norm) sx_rmsnorm(q, L->q_norm, d, m->eps, q);
-        sx_rope(q, cs, sn, d);
-        sx_attend(q, kc, vc, m->kv_f16, (int)pos, k, vn, d, scale, scratch,
-                  c->attn + (size_t)s * c->q_out + (size_t)h * d);
-    }
+    attend_heads(c, L, s, table, h0, h1, pos, k, vn, scratch);
 }
 
-/* Step 2 when rows of one sequence share the step (a prefill chunk): first every row's key
+/* Step 2 when rows of one sequence share the step (a prompt chunk): first every row's key
  * and value go into the cache (2a), then, after a barrier, each row attends over the cache's
  * [0, pos] (2b), so row j sees rows < j of its own chunk. The new key and value are read back
  * as the cache holds them, which is what the one-phase path attends with: same numbers. */
-static void store_kv(const sx_ctx *c, const sx_layer *L, int s, int64_t slot, int g, int64_t pos, float *k) {
+static void store_kv(const sx_ctx *c, const sx_layer *L, int s, const int32_t *table, int g, int64_t pos, float *k) {
     const sx_model *m = &c->m;
     const int d = m->head_dim;
-    const float *row = c->qkv + (size_t)s * (c->q_out + 2 * c->kv_out);
-    const float *v = row + c->q_out + c->kv_out + (size_t)g * d;
-    memcpy(k, row + c->q_out + (size_t)g * d, (size_t)d * 4);
-    if (L->k_norm) sx_rmsnorm(k, L->k_norm, d, m->eps, k);
-    sx_rope(k, m->rope_cos + pos * d, m->rope_sin + pos * d, d);
-    const size_t at = (((size_t)slot * m->n_kv_heads + g) * m->max_len + pos) * d;
+    const float *v = new_kv(c, L, s, g, pos, k);
+    const size_t at = kv_at(c, table, g, pos);
     if (m->kv_f16) {
         for (int i = 0; i < d; i++) {
             ((uint16_t *)L->k_cache)[at + i] = sx_f2h(k[i]);
@@ -227,47 +253,44 @@ static void store_kv(const sx_ctx *c, const sx_layer *L, int s, int64_t slot, in
     }
 }
 
-static void attend_stored(const sx_ctx *c, const sx_layer *L, int s, int64_t slot, int h0, int h1, int64_t pos,
-                          float *scratch) {
+static void attend_stored(const sx_ctx *c, const sx_layer *L, int s, const int32_t *table, int h0, int h1,
+                          int64_t pos, float *scratch) {
     const sx_model *m = &c->m;
     const int d = m->head_dim, g = h0 / (m->n_heads / m->n_kv_heads);
-    const size_t base = ((size_t)slot * m->n_kv_heads + g) * m->max_len * d, eb = m->kv_f16 ? 2 : 4;
-    const char *kc = (const char *)L->k_cache + base * eb, *vc = (const char *)L->v_cache + base * eb;
-    float *k = scratch + m->max_len, *vn = k + d, *row = c->qkv + (size_t)s * (c->q_out + 2 * c->kv_out);
+    const size_t at = kv_at(c, table, g, pos);
+    float *k = scratch + m->max_len, *vn = k + d;
     for (int i = 0; i < d; i++) {
-        const size_t at = (size_t)pos * d + i;
-        k[i] = m->kv_f16 ? sx_h2f(((const uint16_t *)kc)[at]) : ((const float *)kc)[at];
-        vn[i] = m->kv_f16 ? sx_h2f(((const uint16_t *)vc)[at]) : ((const float *)vc)[at];
+        k[i] = m->kv_f16 ? sx_h2f(((const uint16_t *)L->k_cache)[at + i]) : ((const float *)L->k_cache)[at + i];
+        vn[i] = m->kv_f16 ? sx_h2f(((const uint16_t *)L->v_cache)[at + i]) : ((const float *)L->v_cache)[at + i];
     }
-    const float *cs = m->rope_cos + pos * d, *sn = m->rope_sin + pos * d;
-    const float scale = (float)(1.0 / sqrt((double)d));
-    for (int h = h0; h < h1; h++) {
-        float *q = row + (size_t)h * d;
-        if (L->q_norm) sx_rmsnorm(q, L->q_norm, d, m->eps, q);
-        sx_rope(q, cs, sn, d);
-        sx_attend(q, kc, vc, m->kv_f16, (int)pos, k, vn, d, scale, scratch,
-                  c->attn + (size_t)s * c->q_out + (size_t)h * d);
-    }
+    attend_heads(c, L, s, table, h0, h1, pos, k, vn, scratch);
 }
 
-/* Checks a step's rows; returns 0 (one-phase attention), 1 (rows share a slot: two phases) or
- * a negative error. Rows of one slot must be adjacent, at consecutive positions. */
-static int check_rows(const sx_ctx *c, int n, const int64_t *tokens, const int64_t *positions,
-                      const int64_t *slots, int n_out, const int64_t *out_rows) {
+/* Checks a step's rows and sets c->row_table; returns 0 (one-phase attention), 1 (rows share
+ * a sequence: two phases) or a negative error. Rows of one sequence must be adjacent, at
+ * consecutive positions. */
+static int check_rows(sx_ctx *c, int n, const int64_t *tokens, const int64_t *positions, const int64_t *seqs,
+                      const int32_t *tables, int table_stride, int n_out, const int64_t *out_rows) {
     const sx_model *m = &c->m;
     if (n < 1 || n > c->max_batch || n_out < 0 || n_out > n) return -1;
+    if (!tables && c->bs != m->max_len) return -4; /* no tables: a paged cache needs them */
     int shared = 0;
     for (int i = 0; i < n; i++) {
         if (positions[i] < 0 || positions[i] >= m->max_len) return -2;
         if (tokens[i] < 0 || tokens[i] >= m->vocab) return -3;
-        const int64_t slot = slots ? slots[i] : i;
-        if (slot < 0 || slot >= m->n_slots) return -4;
-        if (i > 0 && slots && slots[i - 1] == slot) {
+        const int64_t seq = seqs ? seqs[i] : i;
+        if (seq < 0 || (!tables && seq >= m->n_slots)) return -4;
+        const int32_t *table = tables ? tables + seq * (int64_t)table_stride : c->ident + seq;
+        if (tables && positions[i] / c->bs >= table_stride) return -4;
+        for (int64_t b = 0; b <= positions[i] / c->bs; b++)
+            if (table[b] < 0 || table[b] >= m->n_slots) return -4;
+        c->row_table[i] = table;
+        if (i > 0 && seqs && seqs[i - 1] == seq) {
             if (positions[i] != positions[i - 1] + 1) return -5;
             shared = 1;
         } else {
-            for (int j = 0; slots && j < i - 1; j++)
-                if (slots[j] == slot) return -5;
+            for (int j = 0; seqs && j < i - 1; j++)
+                if (seqs[j] == seq) return -5;
         }
     }
     for (int j = 0; j < n_out; j++)
@@ -275,10 +298,10 @@ static int check_rows(const sx_ctx *c, int n, const int64_t *tokens, const int64
     return shared;
 }
 
-int sx_step(sx_ctx *c, int n, const int64_t *tokens, const int64_t *positions, const int64_t *slots, int n_out,
-            const int64_t *out_rows, float *logits) {
+int sx_step(sx_ctx *c, int n, const int64_t *tokens, const int64_t *positions, const int64_t *seqs,
+            const int32_t *tables, int table_stride, int n_out, const int64_t *out_rows, float *logits) {
     const sx_model *m = &c->m;
-    const int two_phase = check_rows(c, n, tokens, positions, slots, n_out, out_rows);
+    const int two_phase = check_rows(c, n, tokens, positions, seqs, tables, table_stride, n_out, out_rows);
     if (two_phase < 0) return two_phase;
     /* The tokens' embedding rows, dequantized from the table as stored (F32 rows are copied). */
     const int64_t stride = m->embed_row_bytes ? m->embed_row_bytes : (int64_t)sx_row_bytes(m->embed_type, m->hidden);
@@ -301,17 +324,17 @@ int sx_step(sx_ctx *c, int n, const int64_t *tokens, const int64_t *positions, c
             if (two_phase) {
                 for (int item = t; item < n * m->n_kv_heads; item += nt) {
                     const int s = item / m->n_kv_heads;
-                    store_kv(c, L, s, slots[s], item % m->n_kv_heads, positions[s], ws->scores);
+                    store_kv(c, L, s, c->row_table[s], item % m->n_kv_heads, positions[s], ws->scores);
                 }
 #pragma omp barrier
                 for (int item = t; item < n * items_per_seq; item += nt) {
                     const int s = item / items_per_seq, h0 = (item % items_per_seq) * per;
-                    attend_stored(c, L, s, slots[s], h0, h0 + per, positions[s], ws->scores);
+                    attend_stored(c, L, s, c->row_table[s], h0, h0 + per, positions[s], ws->scores);
                 }
             } else {
                 for (int item = t; item < n * items_per_seq; item += nt) {
                     const int s = item / items_per_seq, h0 = (item % items_per_seq) * per;
-                    attention_item(c, L, s, slots ? slots[s] : s, h0, h0 + per, positions[s], ws->scores);
+                    attention_item(c, L, s, c->row_table[s], h0, h0 + per, positions[s], ws->scores);
                 }
             }
 #pragma omp barrier
@@ -349,22 +372,20 @@ int sx_decode(sx_ctx *c, int n, const int64_t *tokens, const int64_t *positions,
     if (n > c->m.n_slots) return -1;
     int64_t rows[n > 0 ? n : 1];
     for (int i = 0; i < n; i++) rows[i] = i;
-    return sx_step(c, n, tokens, positions, NULL, n, rows, logits);
+    return sx_step(c, n, tokens, positions, NULL, NULL, 0, n, rows, logits);
 }
 
-void sx_place_kv(void *k, void *v, int n_layers, int n_slots, int n_kv_heads, int max_len,
-                 int head_dim, int elem_bytes, int n_threads) {
-    /* Zero the caches with each (slot, kv head) region written by the thread that writes it in
-     * sx_decode at batch >= 2 (items are whole groups there: item s * n_kv_heads + g), so first
-     * touch puts it on that thread's node. */
-    const size_t per = (size_t)max_len * head_dim * elem_bytes, items = (size_t)n_slots * n_kv_heads;
+void sx_place_kv(void *k, void *v, int n_layers, int n_blocks, int n_kv_heads, int block_size, int head_dim,
+                 int elem_bytes, int n_threads) {
+    /* Zero the caches, blocks spread over the threads (a block is written by whichever thread
+     * runs its sequence's attention: there is no better owner to first-touch it). */
+    const size_t per = (size_t)n_kv_heads * block_size * head_dim * elem_bytes;
 #pragma omp parallel num_threads(n_threads < 1 ? 1 : n_threads)
     {
         const int t = sx_thread_num(), nt = sx_num_threads();
         for (int l = 0; l < n_layers; l++)
-            for (size_t item = 0; item < items; item++) {
-                if ((int)(item % nt) != t) continue;
-                const size_t off = ((size_t)l * items + item) * per;
+            for (int b = t; b < n_blocks; b += nt) {
+                const size_t off = ((size_t)l * n_blocks + b) * per;
                 memset((char *)k + off, 0, per);
                 memset((char *)v + off, 0, per);
             }

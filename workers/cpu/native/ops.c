@@ -165,14 +165,14 @@ static void attn_scores(const float *q, const void *k, int f16, int len, int d, 
     for (; t < len; t++) scores[t] = attn_dot(q, kv_row(k, f16, t, d, tmp), d) * scale;
 }
 
-/* out = sum_t p[t] v_t (t ascending, fused multiply-adds from 0): the same per element as
- * repeated sx_axpy, with the output kept in registers. */
-static void attn_values(const float *p, const void *v, int f16, int len, int d, float *out) {
+/* out = sum_t p[t] v_t (t ascending, fused multiply-adds from 0; from out's values when `add`):
+ * the same per element as repeated sx_axpy, with the output kept in registers. */
+static void attn_values(const float *p, const void *v, int f16, int len, int d, int add, float *out) {
     int i0 = 0;
 #ifdef SX_AVX2
     for (; i0 + 64 <= d; i0 += 64) {
         __m256 acc[8];
-        for (int j = 0; j < 8; j++) acc[j] = _mm256_setzero_ps();
+        for (int j = 0; j < 8; j++) acc[j] = add ? _mm256_loadu_ps(out + i0 + 8 * j) : _mm256_setzero_ps();
         for (int t = 0; t < len; t++) {
             const __m256 pt = _mm256_set1_ps(p[t]);
             const size_t off = (size_t)t * d + i0;
@@ -181,7 +181,8 @@ static void attn_values(const float *p, const void *v, int f16, int len, int d, 
         for (int j = 0; j < 8; j++) _mm256_storeu_ps(out + i0 + 8 * j, acc[j]);
     }
 #endif
-    for (int i = i0; i < d; i++) out[i] = 0.0f;
+    if (!add)
+        for (int i = i0; i < d; i++) out[i] = 0.0f;
     if (i0 == d) return;
     float tmp[512];
     for (int t = 0; t < len; t++) {
@@ -195,6 +196,27 @@ void sx_attend(const float *q, const void *k, const void *v, int f16, int cached
     attn_scores(q, k, f16, cached, d, scale, scores);
     scores[cached] = attn_dot(q, k_new, d) * scale;
     sx_softmax_inplace(scores, cached + 1);
-    attn_values(scores, v, f16, cached, d, out);
+    attn_values(scores, v, f16, cached, d, 0, out);
+    sx_axpy(scores[cached], v_new, out, d);
+}
+
+/* The same over a paged cache: positions [t0, t0 + bs) of the sequence live in block
+ * table[t0 / bs]. Each block's keys are scored and its values accumulated in position order,
+ * with bs a multiple of 8, so the numbers equal sx_attend's over the same positions. */
+void sx_attend_paged(const float *q, const void *k, const void *v, int f16, const int32_t *table, int bs,
+                     size_t block_elems, size_t head_elems, int cached, const float *k_new, const float *v_new,
+                     int d, float scale, float *scores, float *out) {
+    const size_t eb = f16 ? 2 : 4;
+    for (int t0 = 0; t0 < cached; t0 += bs) {
+        const size_t off = ((size_t)table[t0 / bs] * block_elems + head_elems) * eb;
+        attn_scores(q, (const char *)k + off, f16, cached - t0 < bs ? cached - t0 : bs, d, scale, scores + t0);
+    }
+    scores[cached] = attn_dot(q, k_new, d) * scale;
+    sx_softmax_inplace(scores, cached + 1);
+    for (int i = 0; i < d; i++) out[i] = 0.0f;
+    for (int t0 = 0; t0 < cached; t0 += bs) {
+        const size_t off = ((size_t)table[t0 / bs] * block_elems + head_elems) * eb;
+        attn_values(scores + t0, (const char *)v + off, f16, cached - t0 < bs ? cached - t0 : bs, d, 1, out);
+    }
     sx_axpy(scores[cached], v_new, out, d);
 }

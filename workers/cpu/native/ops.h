@@ -13,4 +13,10 @@ void sx_rope(float *x, const float *cos, const float *sin, int d);
  * scores: scratch of cached + 1 floats. */
 void sx_attend(const float *q, const void *k, const void *v, int f16, int cached,
                const float *k_new, const float *v_new, int d, float scale, float *scores, float *out);
+/* sx_attend over a paged cache: position t of the sequence is at row t % bs of block
+ * table[t / bs]; a block holds block_elems elements, this KV head's rows start head_elems into
+ * it. Equal to sx_attend over the same keys and values when bs % 8 == 0. */
+void sx_attend_paged(const float *q, const void *k, const void *v, int f16, const int32_t *table, int bs,
+                     size_t block_elems, size_t head_elems, int cached, const float *k_new, const float *v_new,
+                     int d, float scale, float *scores, float *out);
 #endif

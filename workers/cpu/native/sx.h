@@ -87,7 +87,7 @@ typedef struct {
     sx_mat o;
     sx_mat gate_up; /* rows: gate [0, inter), up [inter, 2*inter) */
     sx_mat down;
-    void *k_cache, *v_cache; /* this layer's [slots, kv_heads, max_len, head_dim], float or fp16 */
+    void *k_cache, *v_cache; /* this layer's [n_slots blocks, kv_heads, block_size, head_dim], float or fp16 */
 } sx_layer;
 
 typedef struct {
@@ -102,6 +102,9 @@ typedef struct {
     int32_t embed_type;      /* SX_F32 (default), SX_F16 or any block type (as stored, unpacked) */
     int32_t embed_pad_;
     int64_t embed_row_bytes; /* row stride of embed in bytes; 0: sx_row_bytes(embed_type, hidden) */
+    int32_t block_size;      /* positions per KV block (a multiple of 8 dividing max_len); 0: max_len,
+                              * one block per sequence (a slot), n_slots of them */
+    int32_t block_pad_;
 } sx_model;
 
 typedef struct sx_ctx sx_ctx;
@@ -140,25 +143,28 @@ void sx_gemm(const sx_mat *w, int n, const float *x, float *y, int n_threads, in
  * from n, or the 1-based index of the first thread whose pinning failed. */
 int sx_pin_threads(const int *cpus, int n);
 
-/* Zero a KV cache ([layers, slots, kv_heads, max_len, head_dim] keys and values) with each
- * (slot, kv head) region first touched by the thread that writes it in sx_decode. */
-void sx_place_kv(void *k, void *v, int n_layers, int n_slots, int n_kv_heads, int max_len,
-                 int head_dim, int elem_bytes, int n_threads);
+/* Zero a KV cache ([layers, blocks, kv_heads, block_size, head_dim] keys and values) from the
+ * kernels' threads (first touch spreads its pages over their NUMA nodes). */
+void sx_place_kv(void *k, void *v, int n_layers, int n_blocks, int n_kv_heads, int block_size, int head_dim,
+                 int elem_bytes, int n_threads);
 
 sx_ctx *sx_ctx_new(const sx_model *m, int max_batch, int n_threads, int nrc);
 void sx_ctx_free(sx_ctx *c);
-/* One decode step for the sequences in slots [0, n): tokens[i] at positions[i] (its KV is
- * written there, attention covers [0, positions[i]]). logits: [n, vocab]. Returns 0, or a
- * negative error (bad batch size, position out of range). */
+/* One decode step for the sequences in slots [0, n) of an unpaged cache (block_size 0):
+ * tokens[i] at positions[i] (its KV is written there, attention covers [0, positions[i]]).
+ * logits: [n, vocab]. Returns 0, or a negative error as sx_step. */
 int sx_decode(sx_ctx *c, int n, const int64_t *tokens, const int64_t *positions, float *logits);
-/* One step of n token rows (decodes and prefill chunks mixed): row i is tokens[i] of the
- * sequence in KV slot slots[i] at positions[i] (its K/V is written there; attention covers
- * [0, positions[i]]). Rows of one slot (a prefill chunk) must be adjacent, at consecutive
- * positions. Only rows out_rows[0..n_out) go through the LM head: logits [n_out, vocab].
- * Errors: -1 batch size, -2 position, -3 token id, -4 slot out of range, -5 rows of one slot
- * not adjacent or not consecutive, -6 an out row out of range. */
-int sx_step(sx_ctx *c, int n, const int64_t *tokens, const int64_t *positions, const int64_t *slots, int n_out,
-            const int64_t *out_rows, float *logits);
+/* One step of n token rows (decodes and prompt chunks mixed): row i is tokens[i] of sequence
+ * seqs[i] at positions[i] (its K/V is written there; attention covers [0, positions[i]]).
+ * Sequence s's block table is tables[s * table_stride ...]: position t is in block
+ * table[t / block_size]. NULL seqs: row i is sequence i; NULL tables (unpaged cache only):
+ * sequence s is slot s. Rows of one sequence (a prompt chunk) must be adjacent, at
+ * consecutive positions. Only rows out_rows[0..n_out) go through the LM head: logits
+ * [n_out, vocab]. Errors: -1 batch size, -2 position, -3 token id, -4 a sequence or block out
+ * of range, -5 rows of one sequence not adjacent or not consecutive, -6 an out row out of
+ * range. */
+int sx_step(sx_ctx *c, int n, const int64_t *tokens, const int64_t *positions, const int64_t *seqs,
+            const int32_t *tables, int table_stride, int n_out, const int64_t *out_rows, float *logits);
 
 /* Building blocks of the step, exposed for tests against float references. */
 void sx_rmsnorm(const float *x, const float *w, int n, float eps, float *out);
