@@ -87,6 +87,8 @@ KEY_DOCS: dict[str, str] = {
     "queue.max_depth": "waiting prefill jobs beyond which the gateway answers 429 (with Retry-After)",
     "kv.store": "where KV caches wait between prefill and decode workers: auto | shm | redis; auto = shm when every decoder of the target class is on this host, else redis (a decode that stays on its prefill worker keeps its KV in process)",
     "kv.ttl": "seconds an unclaimed KV lease lives before the sweeper frees it",
+    "kv.cache_mib": "MiB of paged KV cache per model worker; null = room for every sequence at max_model_len, capped at a quarter of the memory free when the worker starts (must hold at least one max_model_len sequence)",
+    "kv.prefix_caching": "reuse the KV blocks of a prompt prefix already computed on this worker (a shared system prompt is prefilled once)",
     "output.ttl": "seconds the per-request output stream is kept (the SSE resume window)",
     "api_keys": "Bearer keys the gateway accepts; empty = no authentication",
 }
@@ -139,6 +141,8 @@ class QueueConfig:
 class KVConfig:
     store: str = "auto"
     ttl: int = 120
+    cache_mib: int | None = None
+    prefix_caching: bool = True
 
 
 @dataclass

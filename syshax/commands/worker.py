@@ -138,6 +138,8 @@ def _build_engine(args, cfg, device: str, slots: int, kernels=None):
         max_model_len=args.max_model_len or cfg.max_model_len,
         max_num_seqs=slots,
         max_num_batched_tokens=max(cfg.max_num_batched_tokens, slots),
+        kv_cache_bytes=cfg.kv.cache_mib * 2**20 if cfg.kv.cache_mib else None,
+        prefix_caching=cfg.kv.prefix_caching,
         **(kernels.engine_kwargs() if kernels is not None else {}),
     )
 

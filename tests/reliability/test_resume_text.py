@@ -6,13 +6,10 @@ them as prompt.)"""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 from syshax.shared.sampling import SamplingParams
 from syshax.workers.echo_engine import EchoEngine
-from syshax.workers.engine.engine import Engine
-from syshax.workers.engine.sequence import Sequence
+from syshax.workers.engine.scheduler import Scheduler
 
 TEXT = "river stone river garden é ü 日本語 river light ñandú 🙂 river music"
 
@@ -41,14 +38,15 @@ def test_echo_resume_at_any_token_keeps_the_text(tokenizer, stop):
 
 
 def test_engine_detokenizer_of_a_continued_sequence_replays_its_tokens(tokenizer):
-    """Engine (the real one) primes a continued sequence's detokenizer the same way."""
+    """The scheduler under every engine (the real one too) primes a continued sequence's
+    detokenizer the same way."""
     ids = tokenizer.encode(TEXT)
     params = SamplingParams(max_tokens=64, stop=["river x"])
-    stub = SimpleNamespace(tokenizer=tokenizer)
-    fresh = Engine._detokenizer(stub, Sequence("a", [1, 2], params))
+    sched = Scheduler(max_num_seqs=1, max_model_len=4096, tokenizer=tokenizer)
+    fresh = sched.new_sequence("a", [1, 2], params).detokenizer
     texts = [fresh.add(t) for t in ids]
     full = "".join(texts) + fresh.flush()
     for k in range(1, len(ids)):
-        det = Engine._detokenizer(stub, Sequence("a", [1, 2], params, output_ids=ids[:k]))
+        det = sched.new_sequence("a", [1, 2], params, output_ids=ids[:k]).detokenizer
         rest = "".join(det.add(t) for t in ids[k:]) + det.flush()
         assert "".join(texts[:k]) + rest == full, f"continued after {k} tokens"
