@@ -184,3 +184,27 @@ def test_prefix_hit_skips_computed_rows():
     step = s.schedule()
     assert ("b", 8, 2) in _shape(step)  # rows 0-7 came from a's blocks
     assert s.blocks.hits == 2
+
+
+def test_the_worker_uses_engines_only_through_the_protocol():
+    """workers/ and the worker command touch an engine only through EngineProtocol (no
+    reaching into a scheduler, cache or sequence), so any engine that implements it runs."""
+    import inspect
+    import re
+    from pathlib import Path
+
+    from syshax.workers.engine.protocol import EngineProtocol
+
+    allowed = {n for n, _ in inspect.getmembers(EngineProtocol) if not n.startswith("_")}
+    allowed |= set(EngineProtocol.__annotations__)
+    root = Path(__file__).resolve().parents[3]
+    files = [root / "workers" / f for f in ("worker.py", "handoff.py", "upkeep.py", "batch.py")]
+    files.append(root / "syshax" / "commands" / "worker.py")
+    used = set()
+    for path in files:
+        text = path.read_text()
+        used |= set(re.findall(r"\b(?:self\.|worker\.)?engine\.([a-z_]+)\b(?!\.)", text))
+        if "e = self.engine" in text:  # the local alias worker.py uses
+            used |= set(re.findall(r"\be\.([a-z_]+)", text))
+    modules = {"engine", "errors", "loader", "protocol"}  # imports of syshax.workers.engine.*
+    assert used - modules <= allowed, sorted(used - modules - allowed)
