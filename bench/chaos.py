@@ -1,8 +1,14 @@
-"""Chaos run: streaming requests through a launched echo farm while workers are SIGKILLed and
+"""Chaos run: streaming requests through a launched farm while workers are SIGKILLed and
 restarted at random; counts what a client would notice.
 
     python bench/chaos.py                      # 100 requests, 3 decode workers, a kill every 2 s
     python bench/chaos.py --requests 300 --kill-every 1 --kill-prefill --prefill-workers 2
+    python bench/chaos.py --engine model --requests 30 --max-tokens 32 --decode-workers 2
+
+With `--engine model` the workers run the real model (the config's default, or --model) on its
+CPU defaults, one thread each, and a request's expected output is its greedy run alone on an
+in-process engine: a handoff, a recompute after a kill or a different batch must not change a
+single token.
 
 The farm: an embedded Redis, `syshax gateway`, prefill worker(s) (`--roles prefill
 --device-class gpu`) and decode workers (`--roles decode --device-class cpu`), all with the
@@ -15,7 +21,7 @@ Printed per run: completed (text identical to an undisturbed run), failed (error
 differs), duplicated / lost tokens (content chunks received twice / never, aligned against the
 expected per-token texts), duplicate events in the output streams (the gateway drops these),
 requests resumed by another worker, and what is left once the farm is idle: KV leases (and
-their shared-memory segments), stream entries, pending entries, running sequences. A benchmark, not a test: it never fails.
+their shared-memory segments), stream entries, pending entries, running sequences, held KV blocks. A benchmark, not a test: it never fails.
 """
 
 from __future__ import annotations
@@ -59,12 +65,26 @@ def prompt(i: int) -> list[dict[str, str]]:
     return [{"role": "user", "content": f"{i}: {text}"}]
 
 
-def expected_chunks(tok: Tokenizer, i: int, max_tokens: int) -> list[str]:
-    """The non-empty per-token texts an undisturbed farm streams for request i."""
-    from syshax.workers.echo_engine import EchoEngine
+def reference_engine(args: argparse.Namespace, tok: Tokenizer):
+    """What an undisturbed farm runs each request on: the echo stand-in, or the real model
+    with the workers' CPU defaults."""
+    if args.engine == "echo":
+        from syshax.workers.echo_engine import EchoEngine
 
-    engine = EchoEngine(tok, max_model_len=100_000)
-    engine.add_request("ref", tok.encode_chat(prompt(i)), SamplingParams(max_tokens=max_tokens))
+        return EchoEngine(tok, max_model_len=100_000)
+    from syshax.workers.cpu.options import CpuKernelOptions
+    from syshax.workers.engine.engine import Engine
+    from syshax.workers.engine.loader import resolve_model_path
+
+    path = resolve_model_path(str(args.model) if args.model else None)
+    kernels = CpuKernelOptions().resolved(path, "cpu").engine_kwargs()
+    return Engine(path, max_model_len=1024, max_num_seqs=1, progress=False, **kernels)
+
+
+def expected_chunks(engine, tok: Tokenizer, i: int, max_tokens: int) -> list[str]:
+    """The non-empty per-token texts an undisturbed farm streams for request i."""
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+    engine.add_request(f"ref-{i}", tok.encode_chat(prompt(i)), params)
     out: list[str] = []
     while engine.has_unfinished():
         out += [o.text for o in engine.step() if o.text]
@@ -79,6 +99,8 @@ class Farm:
         cfg = Config()
         cfg.redis.url, cfg.max_model_len = self.redis.url, 1024
         cfg.cpu_max_batch_size = cfg.gpu.max_batch_size = args.slots
+        if args.model:
+            cfg.model = str(args.model)
         self.config = tmp / "config.yaml"
         save_config(cfg, self.config)
         self.port = free_port()
@@ -99,8 +121,19 @@ class Farm:
             name = f"{role}-{self.serial}"
         a = self.args
         cls, delay = ("gpu", a.prefill_delay) if role == "prefill" else ("cpu", a.step_delay)
-        argv = ["worker", "--engine", "echo", "--roles", role, "--device-class", cls, "--id", name]
-        argv += ["--redis-url", self.redis.url, "--step-delay", str(delay)]
+        argv = [
+            "worker",
+            "--engine",
+            a.engine,
+            "--roles",
+            role,
+            "--device-class",
+            cls,
+            "--id",
+            name,
+        ]
+        argv += ["--redis-url", self.redis.url]
+        argv += ["--step-delay", str(delay)] if a.engine == "echo" else ["--threads", "1"]
         argv += ["--heartbeat-ttl", str(a.heartbeat_ttl)]
         self.spawn(name, argv)
         return name
@@ -147,16 +180,18 @@ class Farm:
         for s in streams:
             with contextlib.suppress(redis.ResponseError):
                 pending += self.r.xpending(s, KEYS.decode_group)["pending"]
-        running = 0
+        running = held = 0
         for wid in self.r.smembers(KEYS.workers):
             h = self.r.hgetall(KEYS.worker(wid.decode()))
             running += int(h.get(b"running", 0)) + int(h.get(b"waiting", 0)) if h else 0
+            held += int(h.get(b"kv_blocks_held", 0)) if h else 0
         return {
             "leaked_leases": KVStore(self.r).stats()[0],
             "leaked_shm_segments": len(set(glob.glob("/dev/shm/syshax-kv-*")) - self.shm_before),
             "stream_entries": sum(self.r.xlen(s) for s in streams),
             "pending_entries": pending,
             "running_sequences": running,
+            "held_kv_blocks": held,
         }
 
     def stop(self) -> None:
@@ -215,6 +250,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         elapsed = time.monotonic() - t0
         done.set()
         thread.join()
+        reference = reference_engine(args, tok)
         report: dict[str, Any] = {"requests": args.requests, "completed": 0, "failed": 0}
         report.update(duplicated_tokens=0, lost_tokens=0, errors=[])
         report.update(duplicate_stream_events=0, resumed_requests=0)
@@ -222,7 +258,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         report["e2e_p50_s"] = round(seconds[len(seconds) // 2], 2)
         report["e2e_max_s"] = round(seconds[-1], 2)
         for i, (rid, chunks, error, _) in enumerate(results):
-            want = expected_chunks(tok, i, args.max_tokens)
+            want = expected_chunks(reference, tok, i, args.max_tokens)
             ops = difflib.SequenceMatcher(a=want, b=chunks, autojunk=False).get_opcodes()
             report["duplicated_tokens"] += sum(j2 - j1 for op, _, _, j1, j2 in ops if op != "equal")
             report["lost_tokens"] += sum(i2 - i1 for op, i1, i2, _, _ in ops if op != "equal")
@@ -252,6 +288,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     opt = p.add_argument
+    opt("--engine", choices=("echo", "model"), default="echo",
+        help="the workers' engine: the zero-cost echo stand-in or the real model (default %(default)s)")  # fmt: skip
+    opt("--model", type=Path, help="with --engine model: the model (default: the config's default)")
     opt("--requests", type=int, default=100, help="streaming requests (default %(default)s)")
     opt("--concurrency", type=int, default=20, help="requests at once (default %(default)s)")
     opt("--max-tokens", type=int, default=80, help="tokens per request (default %(default)s)")
@@ -259,9 +298,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     opt("--prefill-workers", type=int, default=1, help="prefill workers (default %(default)s)")
     opt("--slots", type=int, default=8, help="sequences per worker (default %(default)s)")
     opt("--step-delay", type=float, default=0.05,
-        help="seconds per decode step, so streams last long enough to be hit (default %(default)s)")  # fmt: skip
+        help="echo engine: seconds per decode step, so streams last long enough to be hit (default %(default)s)")  # fmt: skip
     opt("--prefill-delay", type=float, default=0.0,
-        help="seconds per prefill step, so --kill-prefill can hit a prefill (default %(default)s)")  # fmt: skip
+        help="echo engine: seconds per prefill step, so --kill-prefill can hit a prefill (default %(default)s)")  # fmt: skip
     opt("--kill-every", type=float, default=2.0,
         help="mean seconds between kills, jittered x0.5-1.5 (default %(default)s)")  # fmt: skip
     opt("--max-kills", type=int, default=0, help="stop killing after this many (0 = no limit)")

@@ -8,6 +8,13 @@ through the `openai` async client; TTFT, TPOT, ITL, E2E latency, throughput and 
 stops it after. --direct then runs the same workload on the engine in-process and prints the
 farm's added latency per token (with the echo engine: the farm's own overhead). The direct run
 starts after a launched farm has stopped; with --launch none, the external farm keeps running.
+
+--concurrency-list runs the workload once per concurrency level and prints one table.
+--against llama-server then runs the same prompts (same seed, lengths, greedy, ignore_eos) on
+llama.cpp's server (build it with bench/llama_server.sh), started by the script on the farm's
+GGUF after the farm stopped: one server at a time, one light asyncio client for both.
+
+    python bench/serve.py --launch model --against llama-server --num-prompts 32 --input-len 128 --output-len 64 --concurrency-list 1,4,16
 """
 
 from __future__ import annotations
@@ -87,15 +94,16 @@ def load_tokenizer(name: str) -> Any:
     return Tokenizer.from_model_path(default_model_path() if name == "default" else Path(name))
 
 
-def make_prompts(args: argparse.Namespace, tok: Any) -> list[Prompt]:
-    """Random words cut to exactly --input-len tokens (as the gateway tokenizes a completion
-    prompt: special tokens added); a draw that re-tokenizes differently is redrawn."""
+def make_prompts(args: argparse.Namespace, tok: Any, count: int) -> list[Prompt]:
+    """`count` prompts of random words cut to exactly --input-len tokens (as the gateway
+    tokenizes a completion prompt: special tokens added); a draw that re-tokenizes differently
+    is redrawn. The first ones do not depend on `count`."""
     rng, n = random.Random(args.seed), args.input_len
     if tok is None:  # about one token per word; the server's usage gives the real count
-        return [Prompt(" ".join(rng.choices(WORDS, k=n)), None, n) for _ in range(args.num_prompts)]  # fmt: skip
+        return [Prompt(" ".join(rng.choices(WORDS, k=n)), None, n) for _ in range(count)]
     special = len(tok.encode("a")) - len(tok.encode("a", add_special_tokens=False))
     prompts = []
-    for _ in range(args.num_prompts):
+    for _ in range(count):
         for _attempt in range(50):
             raw = tok.encode(" ".join(rng.choices(WORDS, k=2 * n + 8)), add_special_tokens=False)
             text = tok.decode(raw[: max(n - special, 1)])
@@ -114,9 +122,19 @@ def arrival_times(args: argparse.Namespace) -> list[float]:
     return np.concatenate([[0.0], np.cumsum(gaps)[:-1]]).tolist()
 
 
-async def farm_request(client: Any, model: str, args: argparse.Namespace, p: Prompt, max_tokens: int) -> Rec:  # fmt: skip
+def extra_body(server: str, max_tokens: int) -> dict[str, Any]:
+    """Non-OpenAI fields: ignore_eos for both; llama-server also gets n_predict, and no prompt
+    cache (no prompt comes back anyway: this only makes sure)."""
+    if server == "llama-server":
+        return {"ignore_eos": True, "n_predict": max_tokens, "cache_prompt": False}
+    return {"ignore_eos": True}
+
+
+async def farm_request(client: Any, model: str, args: argparse.Namespace, p: Prompt, max_tokens: int, server: str = "farm") -> Rec:  # fmt: skip
+    """One streamed request. TTFT runs to the first chunk with generated text: role-only
+    (chat), empty-text and usage-only chunks are neither the first token nor an ITL gap."""
     rec = Rec(prompt_len=p.n)
-    kw: dict[str, Any] = dict(model=model, max_tokens=max_tokens, temperature=0.0, seed=args.seed, stream=True, stream_options={"include_usage": True}, extra_body={"ignore_eos": True})  # fmt: skip
+    kw: dict[str, Any] = dict(model=model, max_tokens=max_tokens, temperature=0.0, seed=args.seed, stream=True, stream_options={"include_usage": True}, extra_body=extra_body(server, max_tokens))  # fmt: skip
     rec.t_start = time.perf_counter()
     try:
         if args.endpoint == "chat":
@@ -137,19 +155,26 @@ async def farm_request(client: Any, model: str, args: argparse.Namespace, p: Pro
         rec.ok = rec.chunks > 0
         rec.error = "" if rec.ok else "the stream carried no content"
     except Exception as exc:  # any failure is recorded, never fatal to the run
-        rec.error = f"{type(exc).__name__}: {exc}"
+        cause = f" ({type(exc.__cause__).__name__}: {exc.__cause__})" if exc.__cause__ else ""
+        rec.error = f"{type(exc).__name__}: {exc}{cause}"
     return rec
 
 
-async def bench_farm(args: argparse.Namespace, base_url: str, prompts: list[Prompt], arrivals: list[float]) -> tuple[list[Rec], float]:  # fmt: skip
-    from openai import AsyncOpenAI
+async def bench_farm(args: argparse.Namespace, base_url: str, prompts: list[Prompt], arrivals: list[float], warm_prompt: Prompt, server: str = "farm") -> tuple[list[Rec], float]:  # fmt: skip
+    import httpx
+    from openai import AsyncOpenAI, DefaultAsyncHttpxClient
 
-    client = AsyncOpenAI(base_url=base_url, api_key=args.api_key, max_retries=0, timeout=3600.0)
+    http = None
+    if args.against:  # a new connection per request, for both servers: llama-server's HTTP
+        # server closes a kept-alive connection now and then just as the next request reuses
+        # it ("Server disconnected without sending a response", ~5% of back-to-back requests)
+        http = DefaultAsyncHttpxClient(limits=httpx.Limits(max_connections=1000, max_keepalive_connections=0))  # fmt: skip
+    client = AsyncOpenAI(base_url=base_url, api_key=args.api_key, max_retries=0, timeout=3600.0, http_client=http)  # fmt: skip
     try:
         model = args.model or (await client.models.list()).data[0].id
     except Exception as exc:  # no farm there: say so, no traceback
         raise SystemExit(f"GET {base_url}/models failed: {type(exc).__name__}: {exc}") from None
-    warm = await farm_request(client, model, args, prompts[0], min(args.output_len, 4))
+    warm = await farm_request(client, model, args, warm_prompt, min(args.output_len, 4), server)
     if not warm.ok:
         raise SystemExit(f"warm-up request to {base_url} failed: {warm.error}")
     sem = asyncio.Semaphore(args.max_concurrency) if args.max_concurrency else None
@@ -158,9 +183,9 @@ async def bench_farm(args: argparse.Namespace, base_url: str, prompts: list[Prom
     async def one(i: int) -> Rec:
         await asyncio.sleep(max(0.0, arrivals[i] - (time.perf_counter() - start)))
         if sem is None:
-            return await farm_request(client, model, args, prompts[i], args.output_len)
+            return await farm_request(client, model, args, prompts[i], args.output_len, server)
         async with sem:
-            return await farm_request(client, model, args, prompts[i], args.output_len)
+            return await farm_request(client, model, args, prompts[i], args.output_len, server)
 
     recs = await asyncio.gather(*(one(i) for i in range(len(prompts))))
     duration = time.perf_counter() - start
@@ -168,7 +193,7 @@ async def bench_farm(args: argparse.Namespace, base_url: str, prompts: list[Prom
     return list(recs), duration
 
 
-def wait_health(url: str, procs: dict[str, subprocess.Popen], logdir: Path, timeout: float) -> None:  # fmt: skip
+def wait_health(url: str, procs: dict[str, subprocess.Popen], logdir: Path, timeout: float, what: str = "the farm") -> None:  # fmt: skip
     import httpx
 
     deadline = time.monotonic() + timeout
@@ -182,7 +207,7 @@ def wait_health(url: str, procs: dict[str, subprocess.Popen], logdir: Path, time
         except httpx.HTTPError:
             pass
         time.sleep(0.25)
-    raise SystemExit(f"the farm at {url} was not healthy within {timeout:.0f}s (logs in {logdir})")
+    raise SystemExit(f"{what} at {url} was not healthy within {timeout:.0f}s (logs in {logdir})")
 
 
 @contextmanager
@@ -190,15 +215,26 @@ def launched_farm(args: argparse.Namespace) -> Iterator[str]:
     """Embedded Redis + gateway + xPU worker + CPU decode workers; yields the /v1 base URL."""
     from syshax.broker.embedded import EmbeddedRedis, free_port
 
+    from syshax.commands.run import layout
+
     redis, port = EmbeddedRedis().start(), free_port()
     logdir = Path(tempfile.mkdtemp(prefix="syshax-bench-"))
+    cfg_args = []
+    if args.load:  # the farm's config with only `model` set (the rest: defaults)
+        (logdir / "config.yaml").write_text(f"model: {json.dumps(str(args.load.expanduser()))}\n")
+        cfg_args = ["--config", str(logdir / "config.yaml")]
+    # The layout `syshax run` picks (one worker with both roles on every core when there is
+    # no accelerator); --cpu-workers / --threads override it.
+    n_cpu, xpu_threads = layout(farm_config(args), args.cpu_workers)
     cli = [sys.executable, "-m", "syshax.cli"]
-    worker = ["worker", "--engine", args.launch, "--redis-url", redis.url, "--threads", str(args.threads)]  # fmt: skip
+    worker = ["worker", "--engine", args.launch, "--redis-url", redis.url] + cfg_args
     worker += ["--max-batch-size", str(args.max_batch_size)] if args.max_batch_size else []
-    cmds = {"gateway": cli + ["gateway", "--redis-url", redis.url, "--port", str(port), "--log-level", "warning"]}  # fmt: skip
-    cmds["xpu-worker"] = cli + worker + ["--roles", "prefill,decode", "--device-class", "gpu"]
-    for i in range(args.cpu_workers):
-        cmds[f"cpu-worker-{i}"] = cli + worker + ["--roles", "decode", "--device", "cpu", "--device-class", "cpu"]  # fmt: skip
+    threads = ["--threads", str(args.threads)] if args.threads else []
+    xpu_threads_arg = threads or (["--threads", str(xpu_threads)] if xpu_threads else [])
+    cmds = {"gateway": cli + ["gateway", "--redis-url", redis.url, "--port", str(port), "--log-level", "warning"] + cfg_args}  # fmt: skip
+    cmds["xpu-worker"] = cli + worker + xpu_threads_arg + ["--roles", "prefill,decode", "--device-class", "gpu"]  # fmt: skip
+    for i in range(n_cpu):
+        cmds[f"cpu-worker-{i}"] = cli + worker + threads + ["--roles", "decode", "--device", "cpu", "--device-class", "cpu"]  # fmt: skip
     procs: dict[str, subprocess.Popen] = {}
     try:
         for name, argv in cmds.items():
@@ -221,27 +257,94 @@ def launched_farm(args: argparse.Namespace) -> Iterator[str]:
         redis.stop()
 
 
-def build_engine(args: argparse.Namespace, tok: Any) -> Any:
+def farm_config(args: argparse.Namespace):
+    """The config a launched farm and the direct engine run: the defaults (or the config
+    file), with --load if given."""
     from syshax.shared.config import load_config
 
     cfg = load_config(None)
+    if args.load:
+        cfg.model = str(args.load.expanduser())
+    return cfg
+
+
+def llama_gguf(args: argparse.Namespace) -> Path:
+    """--gguf, else the farm's model (the file a launched farm loads)."""
+    path = args.gguf.expanduser() if args.gguf else farm_config(args).model_path()
+    if not (path.is_file() and path.suffix == ".gguf"):
+        raise SystemExit(f"llama-server needs a .gguf file, the model is {path} (pass --gguf)")
+    return path
+
+
+def llama_server_argv(args: argparse.Namespace, gguf: Path, port: int) -> list[str]:
+    """-np: one slot per request of the highest level; -c: the total KV context, split evenly
+    over the slots, so each holds a prompt + its output + a margin (BOS, a chat template),
+    rounded up to 256 tokens (llama.cpp pads the context and warns on an uneven split)."""
+    slots = max(args.concurrency_list)
+    ctx = slots * -(-(args.input_len + args.output_len + 128) // 256) * 256
+    argv = [str(args.llama_server.expanduser()), "-m", str(gguf), "-t", str(args.llama_threads), "-tb", str(args.llama_threads), "-np", str(slots), "-c", str(ctx), "-cb", "--cache-ram", "0", "--no-webui", "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
+    return argv + shlex.split(args.llama_server_args)
+
+
+def llama_server_version(binary: Path) -> str:
+    try:
+        out = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=30)  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"unknown ({type(exc).__name__}: {exc})"
+    return " ".join((out.stdout + out.stderr).split())
+
+
+@contextmanager
+def launched_llama_server(args: argparse.Namespace, info: dict[str, Any]) -> Iterator[str]:
+    """llama.cpp's llama-server on the same GGUF; yields the /v1 base URL, fills info with the
+    binary, its version and command line."""
+    from syshax.broker.embedded import free_port
+
+    binary = args.llama_server.expanduser()
+    if not binary.is_file():
+        raise SystemExit(f"{binary}: no llama-server there (build it with bench/llama_server.sh, or pass --llama-server)")  # fmt: skip
+    port, logdir = free_port(), Path(tempfile.mkdtemp(prefix="syshax-bench-llama-"))
+    argv = llama_server_argv(args, llama_gguf(args), port)
+    info |= {"binary": str(binary), "version": llama_server_version(binary), "command": shlex.join(argv)}  # fmt: skip
+    with open(logdir / "llama-server.log", "wb") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    print(f"# llama-server on port {port}, log in {logdir}: {shlex.join(argv)}", file=sys.stderr)  # fmt: skip
+    try:
+        wait_health(f"http://127.0.0.1:{port}", {"llama-server": proc}, logdir, args.launch_timeout, "llama-server")  # fmt: skip
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def build_engine(args: argparse.Namespace, tok: Any) -> Any:
+
+    cfg = farm_config(args)
     slots = args.max_batch_size or cfg.gpu.max_batch_size
     if args.launch == "echo":
         from syshax.workers.echo_engine import EchoEngine
 
         return EchoEngine(tok, max_model_len=cfg.max_model_len, max_num_seqs=slots)
     import torch
+    from syshax.workers.cpu.options import CpuKernelOptions
     from syshax.workers.engine.engine import Engine
     from syshax.workers.engine.loader import resolve_model_path
 
-    torch.set_num_threads(args.threads)
+    torch.set_num_threads(args.threads or os.cpu_count() or 1)
     device = cfg.gpu.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    return Engine(resolve_model_path(cfg.model), device=device, dtype=cfg.dtype, max_model_len=cfg.max_model_len, max_num_seqs=slots, progress=False)  # fmt: skip
+    path = resolve_model_path(cfg.model)
+    kernels = CpuKernelOptions().resolved(path, device).engine_kwargs()  # the workers' defaults
+    return Engine(path, device=device, dtype=cfg.dtype, max_model_len=cfg.max_model_len, max_num_seqs=slots, max_num_batched_tokens=max(cfg.max_num_batched_tokens, slots), progress=False, **kernels)  # fmt: skip
 
 
-def bench_direct(args: argparse.Namespace, engine: Any, prompts: list[Prompt], arrivals: list[float]) -> tuple[list[Rec], float]:  # fmt: skip
+def bench_direct(args: argparse.Namespace, engine: Any, prompts: list[Prompt], arrivals: list[float], warm_prompt: Prompt) -> tuple[list[Rec], float]:  # fmt: skip
     """The engine's add_request/step() loop, admitting requests at the same arrival times and
     concurrency limit; a step output with text counts as a content chunk, as on the farm."""
     from syshax.shared.sampling import SamplingParams
@@ -249,7 +352,7 @@ def bench_direct(args: argparse.Namespace, engine: Any, prompts: list[Prompt], a
     def params(n: int) -> SamplingParams:
         return SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, seed=args.seed)
 
-    engine.add_request("warm-up", prompts[0].ids, params(min(args.output_len, 4)))
+    engine.add_request("warm-up", warm_prompt.ids, params(min(args.output_len, 4)))
     while engine.has_unfinished():
         engine.step()
     recs = [Rec(prompt_len=p.n) for p in prompts]
@@ -329,11 +432,79 @@ def overhead(farm: dict[str, Any], direct: dict[str, Any]) -> tuple[str, dict[st
     return "\n".join(out), diff
 
 
+def at_level(args: argparse.Namespace, c: int) -> argparse.Namespace:
+    return argparse.Namespace(**(vars(args) | {"max_concurrency": c}))
+
+
+def sweep(args: argparse.Namespace, prompts: list[Prompt], arrivals: list[float], warm: Prompt, info: dict[str, Any]) -> dict[str, dict[int, tuple[list[Rec], float]]]:  # fmt: skip
+    """Every level on the farm (launched once), then, with --against, every level on
+    llama-server (started after the farm stopped): never two servers at once. Level i gets
+    prompts[i*N:(i+1)*N] on both servers: no prompt comes back within one server's run, so
+    the farm's prefix cache cannot serve a prompt it saw at a lower level."""
+    runs: dict[str, dict[int, tuple[list[Rec], float]]] = {"farm": {}}
+    n = args.num_prompts
+
+    def levels(server: str, url: str) -> None:
+        for i, c in enumerate(args.concurrency_list):
+            batch = prompts[i * n : (i + 1) * n]
+            recs, dur = runs[server][c] = asyncio.run(bench_farm(at_level(args, c), url, batch, arrivals, warm, server))  # fmt: skip
+            s = summarize(recs, dur, args)
+            print(f"# {server} concurrency {c}: {s['completed']}/{len(recs)} ok, {s['output_throughput']:.1f} output tok/s", file=sys.stderr)  # fmt: skip
+
+    if args.launch == "none":
+        levels("farm", args.base_url)
+    else:
+        with launched_farm(args) as url:
+            levels("farm", url)
+    if args.against == "llama-server":
+        runs["llama-server"] = {}
+        with launched_llama_server(args, info) as url:
+            levels("llama-server", url)
+    return runs
+
+
+def comparison(sums: dict[str, dict[int, dict[str, Any]]], args: argparse.Namespace) -> tuple[str, list[dict[str, Any]]]:  # fmt: skip
+    """The side-by-side table (and its rows): per level and server, output tok/s, TTFT and ITL
+    p50/p99; farm/llama-server for tok/s on the llama-server row."""
+    rows, notes = [], []
+    head = f"{'conc':>5}  {'server':<13}{'requests':>9}{'out tok/s':>11}{'TTFT p50':>10}{'TTFT p99':>10}{'ITL p50':>9}{'ITL p99':>9}{'farm/llama':>12}"  # fmt: skip
+    out = [f"{' Serving comparison (TTFT, ITL in ms) ':=^{len(head)}}", head]
+    for c in args.concurrency_list:
+        for server, by_level in sums.items():
+            s = by_level[c]
+            row = {"concurrency": c, "server": server, "completed": s["completed"], "requests": s["completed"] + s["failed"], "output_throughput": s["output_throughput"], "median_ttft_ms": s["median_ttft_ms"], "p99_ttft_ms": s["p99_ttft_ms"], "median_itl_ms": s["median_itl_ms"], "p99_itl_ms": s["p99_itl_ms"]}  # fmt: skip
+            ratio = ""
+            if server == "llama-server" and s["output_throughput"] > 0:
+                row["farm_over_llama_tok_s"] = sums["farm"][c]["output_throughput"] / s["output_throughput"]  # fmt: skip
+                ratio = f"{row['farm_over_llama_tok_s']:.2f}x"
+            rows.append(row)
+            out.append(f"{c:>5}  {server:<13}{str(row['completed']) + '/' + str(row['requests']):>9}{s['output_throughput']:>11.1f}{s['median_ttft_ms']:>10.1f}{s['p99_ttft_ms']:>10.1f}{s['median_itl_ms']:>9.1f}{s['p99_itl_ms']:>9.1f}{ratio:>12}")  # fmt: skip
+            if s["completed"] and s["total_output"] != s["completed"] * args.output_len:
+                notes.append(f"note: {server} at {c} generated {s['total_output']} tokens, not {s['completed']} x {args.output_len}")  # fmt: skip
+            notes += [f"error: {server} at {c}: {e}" for e in s["errors"][:3]]
+    if "llama-server" in sums:  # the two tokenizers may count the same text differently
+        c = args.concurrency_list[0]
+        ins = {n: by[c]["total_input"] / max(by[c]["completed"], 1) for n, by in sums.items()}
+        if len(set(ins.values())) > 1:
+            notes.append("note: prompt tokens per request (server usage): " + ", ".join(f"{n} {v:.1f}" for n, v in ins.items()))  # fmt: skip
+    return "\n".join(out + notes + ["=" * len(head)]), rows
+
+
 def machine() -> dict[str, Any]:
     cpu = platform.processor() or platform.machine()
     with contextlib.suppress(OSError):
         cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("model name")), cpu)  # fmt: skip
     return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()}  # fmt: skip
+
+
+def _levels(text: str) -> list[int]:
+    try:
+        levels = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        levels = []
+    if not levels or min(levels) < 1:
+        raise argparse.ArgumentTypeError(f"want concurrency levels >= 1 such as 1,4,16, got {text!r}")  # fmt: skip
+    return levels
 
 
 def _slo(item: str) -> tuple[str, float]:
@@ -358,11 +529,18 @@ OPTIONS: list[tuple[str, dict[str, Any]]] = [
     ("--goodput", {"nargs": "+", "type": _slo, "metavar": "KEY:MS", "help": "SLOs for goodput, e.g. ttft:500 tpot:50 (e2el:MS too): requests meeting all of them"}),
     ("--json", {"type": Path, "help": "also save config, date, machine, summaries and per-request data to this JSON file"}),
     ("--launch", {"choices": ("none", "echo", "model"), "default": "none", "help": "start a farm for the run (embedded Redis, gateway, workers) with this engine and stop it after; none = use --base-url (default %(default)s)"}),
-    ("--cpu-workers", {"type": int, "default": 1, "help": "CPU decode workers of a launched farm (default %(default)s)"}),
+    ("--load", {"type": Path, "help": "model a launched farm and the direct engine load (a config with only `model` set; default: the config's), and the GGUF llama-server loads unless --gguf"}),
+    ("--cpu-workers", {"type": int, "help": "CPU decode workers of a launched farm (default: what `syshax run` starts: none without an accelerator)"}),
     ("--max-batch-size", {"type": int, "help": "sequences at once, passed to launched workers and the direct engine (default: the config's)"}),
-    ("--threads", {"type": int, "default": 1, "help": "torch threads per launched worker and for the direct engine (default %(default)s)"}),
+    ("--threads", {"type": int, "help": "threads per launched worker and for the direct engine (default: what `syshax run` gives; the direct engine: every core)"}),
     ("--launch-timeout", {"type": float, "default": 300.0, "help": "seconds a launched farm gets to answer GET /health with 200 (default %(default)s)"}),
     ("--direct", {"action": "store_true", "help": "also run the workload on the engine in-process (EchoEngine with --launch echo, else Engine) and print the farm's overhead per token"}),
+    ("--concurrency-list", {"type": _levels, "metavar": "C,C,...", "help": "run the workload once per concurrency level (each as --max-concurrency) and print one table (default with --against: 1,4,16)"}),
+    ("--against", {"choices": ("llama-server",), "help": "after the farm, run the same workload on llama.cpp's llama-server, started here on the same GGUF (bench/llama_server.sh builds it), and compare"}),
+    ("--llama-server", {"type": Path, "default": Path("~/.cache/syshax/llama-server/llama-server"), "help": "the llama-server binary (default %(default)s)"}),
+    ("--gguf", {"type": Path, "help": "GGUF file llama-server loads (default: the farm config's model, which must be a .gguf)"}),
+    ("--llama-threads", {"type": int, "default": os.cpu_count() or 1, "help": "llama-server -t and -tb (default: the CPU count, %(default)s)"}),
+    ("--llama-server-args", {"default": "", "help": "extra llama-server arguments, one shell-quoted string (e.g. '-fa on')"}),
 ]  # fmt: skip
 
 
@@ -376,32 +554,52 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.direct and args.tokenizer_model == "none":
         p.error("--direct needs a tokenizer (--tokenizer-model default or a path)")
     args.goodput = dict(args.goodput) if args.goodput else None
+    if args.against and not args.concurrency_list:
+        args.concurrency_list = [1, 4, 16]
+    if args.concurrency_list and (args.direct or args.max_concurrency):
+        p.error("--concurrency-list and --against set the concurrency per level: not with --direct or --max-concurrency")  # fmt: skip
     return args
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     tok = load_tokenizer(args.tokenizer_model)
-    prompts, arrivals = make_prompts(args, tok), arrival_times(args)
+    # One set of --num-prompts per level, and a warm-up prompt of its own: a measured prompt
+    # seen before (in the warm-up or at another level) would be a prefix-cache hit.
+    sets = len(args.concurrency_list) if args.concurrency_list else 1
+    *prompts, warm = make_prompts(args, tok, args.num_prompts * sets + 1)
+    arrivals = arrival_times(args)
     date = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+    doc: dict[str, Any] = {"date": date, "machine": machine(), "command": shlex.join(["python", *sys.argv])}  # fmt: skip
+    doc["config"] = {k: str(v) if isinstance(v, Path) or v == float("inf") else v for k, v in vars(args).items() if k != "api_key"}  # fmt: skip
+    drop = {"t_start", "t_last"}  # perf_counter() stamps: meaningless outside this run
+    if args.concurrency_list:
+        info: dict[str, Any] = {}
+        levels = sweep(args, prompts, arrivals, warm, info)
+        sums = {n: {c: summarize(recs, dur, args) for c, (recs, dur) in by.items()} for n, by in levels.items()}  # fmt: skip
+        text, doc["comparison"] = comparison(sums, args)
+        print(text)
+        if info:
+            doc["llama_server"] = info
+        doc["results"] = {n: {str(c): sums[n][c] | {"requests": [{k: v for k, v in asdict(r).items() if k not in drop} for r in levels[n][c][0]]} for c in by} for n, by in levels.items()}  # fmt: skip
+        if args.json:
+            args.json.write_text(json.dumps(doc, indent=2, default=str) + "\n")
+        return
     runs: dict[str, tuple[list[Rec], float]] = {}
     if args.launch == "none":
-        runs["farm"] = asyncio.run(bench_farm(args, args.base_url, prompts, arrivals))
+        runs["farm"] = asyncio.run(bench_farm(args, args.base_url, prompts, arrivals, warm))
     else:
         with launched_farm(args) as url:
-            runs["farm"] = asyncio.run(bench_farm(args, url, prompts, arrivals))
+            runs["farm"] = asyncio.run(bench_farm(args, url, prompts, arrivals, warm))
     if args.direct:  # after the farm stopped: the two never share the CPU
-        runs["direct"] = bench_direct(args, build_engine(args, tok), prompts, arrivals)
+        runs["direct"] = bench_direct(args, build_engine(args, tok), prompts, arrivals, warm)
     sums = {name: summarize(recs, dur, args) for name, (recs, dur) in runs.items()}
     titles = {"farm": "Serving Benchmark Result", "direct": "Direct Engine Result"}
     for name, s in sums.items():
         print(report(titles[name], s, args))
-    doc: dict[str, Any] = {"date": date, "machine": machine(), "command": shlex.join(["python", *sys.argv])}  # fmt: skip
-    doc["config"] = {k: str(v) if isinstance(v, Path) or v == float("inf") else v for k, v in vars(args).items() if k != "api_key"}  # fmt: skip
     if "direct" in sums:
         text, doc["overhead"] = overhead(sums["farm"], sums["direct"])
         print(text)
-    drop = {"t_start", "t_last"}  # perf_counter() stamps: meaningless outside this run
     doc["results"] = {n: sums[n] | {"requests": [{k: v for k, v in asdict(r).items() if k not in drop} for r in runs[n][0]]} for n in runs}  # fmt: skip
     if args.json:
         args.json.write_text(json.dumps(doc, indent=2, default=str) + "\n")
