@@ -10,8 +10,10 @@
  *   4. normalises x, computes gate and up for its partition of the intermediate features and
  *      applies silu(gate) * up (gate row j and up row j are in the same thread);  barrier
  *   5. quantizes that, its down_proj rows, adds them into x;               barrier
- * then the final norm and its partition of the lm_head rows. The row partition is the one
- * sx_pack used to first-touch the weights, so each thread streams memory local to it. */
+ * then the final norm and the lm_head rows of the sampled rows. Rows and items are shared out
+ * by claiming chunks (work stealing, see claim_next): a thread takes its own share first (the
+ * row partition sx_pack used to first-touch the weights, so it streams memory local to it),
+ * then what is left of the others'. */
 #define _GNU_SOURCE
 #include <sched.h>
 #include <stdlib.h>
@@ -30,10 +32,16 @@ typedef struct {
     float *scores;          /* [max_len + 2 head_dim]: attention scores, the new key and value */
 } sx_scratch;
 
+/* Work-sharing phases of a step (each with its own claim counters): per layer qkv, store_kv,
+ * attention, o_proj, gate_up, down; then the LM head. */
+#define PHASES_PER_LAYER 6
+#define PHASES(m) ((m)->n_layers * PHASES_PER_LAYER + 1)
+
 struct sx_ctx {
     sx_model m;
     int max_batch, nt, nrc, kmax, q_out, kv_out, bs;
     const int32_t **row_table; /* [max_batch]: each row's block table, set per step */
+    int *claims;               /* [phases, nt]: chunks claimed in each thread's share, per step */
     int32_t *ident;            /* [n_slots]: ident[s] = s, the tables of an unpaged cache */
     float *x, *qkv, *attn, *proj, *gu, *h;
     sx_scratch *ws;
@@ -94,6 +102,7 @@ void sx_ctx_free(sx_ctx *c) {
         }
     free(c->ws);
     free(c->row_table);
+    free(c->claims);
     free(c->ident);
     free(c->x);
     free(c->qkv);
@@ -127,8 +136,9 @@ sx_ctx *sx_ctx_new(const sx_model *m, int max_batch, int n_threads, int nrc) {
     c->h = zalloc(B * m->inter * 4);
     c->ws = (sx_scratch *)calloc(c->nt, sizeof(sx_scratch));
     c->row_table = (const int32_t **)calloc(B, sizeof(int32_t *));
+    c->claims = (int *)calloc((size_t)PHASES(m) * c->nt, sizeof(int));
     c->ident = (int32_t *)calloc(m->n_slots > 0 ? m->n_slots : 1, sizeof(int32_t));
-    int ok = c->x && c->qkv && c->attn && c->proj && c->gu && c->h && c->ws && c->row_table && c->ident &&
+    int ok = c->x && c->qkv && c->attn && c->proj && c->gu && c->h && c->ws && c->row_table && c->ident && c->claims &&
              c->bs > 0 && (m->block_size == 0 || m->block_size % 8 == 0);
     for (int s = 0; ok && s < m->n_slots; s++) c->ident[s] = s;
     for (int t = 0; ok && t < c->nt; t++) {
@@ -149,14 +159,55 @@ sx_ctx *sx_ctx_new(const sx_model *m, int max_batch, int n_threads, int nrc) {
     return c;
 }
 
-/* y rows [r0, r1) of W @ act for n rows, then x[i][r] += y[i][r] on the same rows. */
-static void project_add(const sx_ctx *c, const sx_mat *w, int n, const sx_act *act, int t, int nt) {
+/* Work sharing with stealing. A phase's rows are split as sx_partition splits them (each
+ * thread's share is the rows whose weights it first-touched when packing), in chunks of
+ * STEAL_ROWS. A thread claims the chunks of its own share first, then those left in the
+ * others' shares: when the OS deschedules one thread (the gateway and the client share these
+ * cores), the others finish its work instead of waiting for it at the next barrier. Which
+ * thread computes a row never changes the row's numbers. Each phase of a step has its own
+ * claim counters, zeroed before the step. */
+#define STEAL_ROWS 64
+
+typedef struct {
+    int *claims; /* this phase's counters, one per share */
+    int rows, t, nt, k;
+} sx_claim;
+
+static sx_claim claim_start(sx_ctx *c, int phase, int rows, int t, int nt) {
+    sx_claim q = {c->claims + (size_t)phase * c->nt, rows, t, nt, 0};
+    return q;
+}
+
+static int claim_next(sx_claim *q, int *r0, int *r1) {
+    for (; q->k < q->nt; q->k++) {
+        const int share = (q->t + q->k) % q->nt;
+        int a, b;
+        sx_partition(q->rows, share, q->nt, &a, &b);
+        const int lo = a + __atomic_fetch_add(&q->claims[share], 1, __ATOMIC_RELAXED) * STEAL_ROWS;
+        if (lo < b) {
+            *r0 = lo;
+            *r1 = lo + STEAL_ROWS < b ? lo + STEAL_ROWS : b;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* Claim the next item of an item-list phase (attention): one counter shared by all. */
+static int claim_item(sx_ctx *c, int phase) {
+    return __atomic_fetch_add(&c->claims[(size_t)phase * c->nt], 1, __ATOMIC_RELAXED);
+}
+
+/* y = W @ act for n rows, then x[i][r] += y[i][r], over the rows this thread claims. */
+static void project_add(sx_ctx *c, const sx_mat *w, int n, const sx_act *act, int phase, int t, int nt) {
+    sx_claim q = claim_start(c, phase, w->rows, t, nt);
     int r0, r1;
-    sx_partition(w->rows, t, nt, &r0, &r1);
-    sx_gemm_rows(w, r0, r1, n, act, c->proj, w->rows, c->nrc);
-    for (int i = 0; i < n; i++) {
-        float *x = c->x + (size_t)i * c->m.hidden, *p = c->proj + (size_t)i * c->m.hidden;
-        for (int r = r0; r < r1; r++) x[r] = x[r] + p[r];
+    while (claim_next(&q, &r0, &r1)) {
+        sx_gemm_rows(w, r0, r1, n, act, c->proj, w->rows, c->nrc);
+        for (int i = 0; i < n; i++) {
+            float *x = c->x + (size_t)i * c->m.hidden, *p = c->proj + (size_t)i * c->m.hidden;
+            for (int r = r0; r < r1; r++) x[r] = x[r] + p[r];
+        }
     }
 }
 
@@ -306,6 +357,7 @@ int sx_step(sx_ctx *c, int n, const int64_t *tokens, const int64_t *positions, c
     /* The tokens' embedding rows, dequantized from the table as stored (F32 rows are copied). */
     const int64_t stride = m->embed_row_bytes ? m->embed_row_bytes : (int64_t)sx_row_bytes(m->embed_type, m->hidden);
     sx_dequantize_rows(m->embed_type, m->embed, stride, m->hidden, tokens, n, c->x);
+    memset(c->claims, 0, (size_t)PHASES(m) * c->nt * sizeof(int));
 #pragma omp parallel num_threads(c->nt)
     {
         const int t = sx_thread_num(), nt = sx_num_threads();
@@ -314,45 +366,48 @@ int sx_step(sx_ctx *c, int n, const int64_t *tokens, const int64_t *positions, c
         int r0, r1;
         for (int l = 0; l < m->n_layers; l++) {
             const sx_layer *L = &m->layers[l];
+            const int ph = l * PHASES_PER_LAYER;
             norm_rows(c->x, L->attn_norm, n, m->hidden, m->eps, ws->xn);
             sx_act_prepare(&L->qkv, ws->xn, n, &act);
-            sx_partition(L->qkv.rows, t, nt, &r0, &r1);
-            sx_gemm_rows(&L->qkv, r0, r1, n, &act, c->qkv, L->qkv.rows, c->nrc);
+            sx_claim q = claim_start(c, ph, L->qkv.rows, t, nt);
+            while (claim_next(&q, &r0, &r1)) sx_gemm_rows(&L->qkv, r0, r1, n, &act, c->qkv, L->qkv.rows, c->nrc);
 #pragma omp barrier
             const int per = n * m->n_kv_heads >= 2 * nt ? m->n_heads / m->n_kv_heads : 1;
             const int items_per_seq = m->n_heads / per;
             if (two_phase) {
-                for (int item = t; item < n * m->n_kv_heads; item += nt) {
+                for (int item = claim_item(c, ph + 1); item < n * m->n_kv_heads; item = claim_item(c, ph + 1)) {
                     const int s = item / m->n_kv_heads;
                     store_kv(c, L, s, c->row_table[s], item % m->n_kv_heads, positions[s], ws->scores);
                 }
 #pragma omp barrier
-                for (int item = t; item < n * items_per_seq; item += nt) {
+                for (int item = claim_item(c, ph + 2); item < n * items_per_seq; item = claim_item(c, ph + 2)) {
                     const int s = item / items_per_seq, h0 = (item % items_per_seq) * per;
                     attend_stored(c, L, s, c->row_table[s], h0, h0 + per, positions[s], ws->scores);
                 }
             } else {
-                for (int item = t; item < n * items_per_seq; item += nt) {
+                for (int item = claim_item(c, ph + 2); item < n * items_per_seq; item = claim_item(c, ph + 2)) {
                     const int s = item / items_per_seq, h0 = (item % items_per_seq) * per;
                     attention_item(c, L, s, c->row_table[s], h0, h0 + per, positions[s], ws->scores);
                 }
             }
 #pragma omp barrier
             sx_act_prepare(&L->o, c->attn, n, &act);
-            project_add(c, &L->o, n, &act, t, nt);
+            project_add(c, &L->o, n, &act, ph + 3, t, nt);
 #pragma omp barrier
             norm_rows(c->x, L->ffn_norm, n, m->hidden, m->eps, ws->xn);
             sx_act_prepare(&L->gate_up, ws->xn, n, &act);
-            sx_partition(m->inter, t, nt, &r0, &r1);
-            sx_gemm_rows(&L->gate_up, r0, r1, n, &act, c->gu, 2 * m->inter, c->nrc);
-            sx_gemm_rows(&L->gate_up, m->inter + r0, m->inter + r1, n, &act, c->gu, 2 * m->inter, c->nrc);
-            for (int i = 0; i < n; i++) {
-                const float *gu = c->gu + (size_t)i * 2 * m->inter;
-                sx_silu_mul(gu + r0, gu + m->inter + r0, c->h + (size_t)i * m->inter + r0, r1 - r0);
+            q = claim_start(c, ph + 4, m->inter, t, nt);
+            while (claim_next(&q, &r0, &r1)) {
+                sx_gemm_rows(&L->gate_up, r0, r1, n, &act, c->gu, 2 * m->inter, c->nrc);
+                sx_gemm_rows(&L->gate_up, m->inter + r0, m->inter + r1, n, &act, c->gu, 2 * m->inter, c->nrc);
+                for (int i = 0; i < n; i++) {
+                    const float *gu = c->gu + (size_t)i * 2 * m->inter;
+                    sx_silu_mul(gu + r0, gu + m->inter + r0, c->h + (size_t)i * m->inter + r0, r1 - r0);
+                }
             }
 #pragma omp barrier
             sx_act_prepare(&L->down, c->h, n, &act);
-            project_add(c, &L->down, n, &act, t, nt);
+            project_add(c, &L->down, n, &act, ph + 5, t, nt);
 #pragma omp barrier
         }
         /* Only the rows that are sampled need the final norm and the LM head. */
@@ -361,8 +416,8 @@ int sx_step(sx_ctx *c, int n, const int64_t *tokens, const int64_t *positions, c
                        ws->xn + (size_t)j * m->hidden);
         if (n_out > 0) {
             sx_act_prepare(&m->lm_head, ws->xn, n_out, &act);
-            sx_partition(m->vocab, t, nt, &r0, &r1);
-            sx_gemm_rows(&m->lm_head, r0, r1, n_out, &act, logits, m->vocab, c->nrc);
+            sx_claim q = claim_start(c, m->n_layers * PHASES_PER_LAYER, m->vocab, t, nt);
+            while (claim_next(&q, &r0, &r1)) sx_gemm_rows(&m->lm_head, r0, r1, n_out, &act, logits, m->vocab, c->nrc);
         }
     }
     return 0;
