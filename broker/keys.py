@@ -97,7 +97,7 @@ class Keys:
     def dispatch_count(self, device_class: str) -> str:
         return f"{self.prefix}:dispatch:count:{device_class}"
 
-    # ---- offline batches (rq jobs; see workers/batch.py, docs/batch.md) ----
+    # ---- offline batches (rq jobs; see batch/jobs.py, docs/batch.md) ----
     @property
     def batch_queue(self) -> str:
         """Name of the rq queue batch requests wait on (rq keys it as `rq:queue:<name>`)."""

@@ -117,8 +117,8 @@ def _setup(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     import redis
 
+    from syshax.batch import jobs as batch
     from syshax.shared.config import ConfigError
-    from syshax.workers import batch
 
     try:
         cfg, url, keys = _setup(args)
@@ -139,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
 
 # ---- client actions --------------------------------------------------------------------------
 def _submit(args, cfg, r, keys) -> int:
-    from syshax.workers import batch
+    from syshax.batch import jobs as batch
 
     with open(args.file, encoding="utf-8") as fh:
         items = batch.parse_lines(fh)
@@ -172,7 +172,7 @@ def _wait(r, bid: str, keys, poll: float = 1.0) -> dict[str, Any]:
     """Show done/failed/remaining until every request of the batch ended."""
     from tqdm import tqdm
 
-    from syshax.workers import batch
+    from syshax.batch import jobs as batch
 
     st = batch.status(r, bid, keys)
     with tqdm(total=st["total"], desc=bid, unit="req", file=sys.stderr, disable=None) as bar:
@@ -200,7 +200,7 @@ def _summary(st: dict[str, Any]) -> str:
 
 
 def _write_results(r, bid: str, keys, out: str) -> int:
-    from syshax.workers import batch
+    from syshax.batch import jobs as batch
 
     n = 0
     fh = sys.stdout if out == "-" else open(out, "w", encoding="utf-8")  # noqa: SIM115
@@ -217,7 +217,7 @@ def _write_results(r, bid: str, keys, out: str) -> int:
 
 
 def _status(args, cfg, r, keys) -> int:
-    from syshax.workers import batch
+    from syshax.batch import jobs as batch
 
     st = batch.status(r, args.batch_id, keys)
     print(json.dumps(st) if args.json else _summary(st))
@@ -225,7 +225,7 @@ def _status(args, cfg, r, keys) -> int:
 
 
 def _results(args, cfg, r, keys) -> int:
-    from syshax.workers import batch
+    from syshax.batch import jobs as batch
 
     st = _wait(r, args.batch_id, keys) if args.wait else batch.status(r, args.batch_id, keys)
     if not st["complete"] and not args.partial:
@@ -240,7 +240,7 @@ def _results(args, cfg, r, keys) -> int:
 
 
 def _cancel(args, cfg, r, keys) -> int:
-    from syshax.workers import batch
+    from syshax.batch import jobs as batch
 
     c = batch.cancel(r, args.batch_id, keys)
     print(f"{args.batch_id}: cancelled {c['cancelled']} waiting, stopping {c['stopping']} running")
@@ -248,7 +248,7 @@ def _cancel(args, cfg, r, keys) -> int:
 
 
 def _list(args, cfg, r, keys) -> int:
-    from syshax.workers import batch
+    from syshax.batch import jobs as batch
 
     for raw in r.zrevrange(keys.batches, 0, -1):
         bid = raw.decode()
@@ -277,8 +277,8 @@ def _worker(args, cfg, url: str, keys) -> int:
     from rq.registry import clean_registries
     from rq.scheduler import RQScheduler
 
-    from syshax.broker.farm_client import FarmClient, settings_from_config
-    from syshax.workers import batch
+    from syshax.batch import jobs as batch
+    from syshax.batch.farm_client import FarmClient, settings_from_config
 
     if args.concurrency < 1:
         raise ValueError("--concurrency must be at least 1")
@@ -338,8 +338,8 @@ def _work(url: str, queue_name: str, args: argparse.Namespace) -> None:
     """One rq worker process (forks a work horse per job)."""
     import redis
 
+    from syshax.batch.jobs import BatchWorker
     from syshax.shared import env
-    from syshax.workers.batch import BatchWorker
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, signal.SIG_DFL)  # rq installs its own in work()

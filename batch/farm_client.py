@@ -22,15 +22,14 @@ from typing import Any
 
 import redis
 from pydantic import ValidationError
+from syshax.broker.keys import KEYS, Keys
+from syshax.broker.schemas import SchemaError, TokenEvent
 from syshax.gateway.errors import APIError, validation_error, worker_error
 from syshax.gateway.generation import Choice, completion_body
 from syshax.gateway.prepare import CHAT, TEXT, Plan, Preparer, job_ids
 from syshax.gateway.schemas import ChatCompletionRequest, CompletionRequest
 from syshax.gateway.settings import GatewaySettings
 from syshax.shared.tokenizer import Tokenizer
-
-from .keys import KEYS, Keys
-from .schemas import SchemaError, TokenEvent
 
 URLS = {"/v1/chat/completions": CHAT, "/v1/completions": TEXT}
 

@@ -27,7 +27,7 @@ import redis
 from rq import Queue, Retry, Worker, get_current_job
 from rq.exceptions import InvalidJobOperation
 from rq.job import Job, JobStatus
-from syshax.broker.farm_client import FarmCancelled, FarmClient, FarmTimeout, endpoint_kind
+from syshax.batch.farm_client import FarmCancelled, FarmClient, FarmTimeout, endpoint_kind
 from syshax.broker.keys import KEYS, Keys
 from syshax.gateway.errors import APIError
 from syshax.gateway.prepare import job_ids
@@ -55,7 +55,7 @@ def farm_client() -> FarmClient:
     `rq worker` runs the job."""
     global _client
     if _client is None:
-        from syshax.broker.farm_client import settings_from_config
+        from syshax.batch.farm_client import settings_from_config
         from syshax.shared.config import load_config
 
         _client = FarmClient.from_settings(settings_from_config(load_config()))

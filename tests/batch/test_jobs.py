@@ -17,15 +17,15 @@ import pytest
 import redis
 from rq import Worker
 from rq.job import Job
+from syshax.batch import jobs as batch
+from syshax.batch.farm_client import FarmClient, settings_from_config
 from syshax.broker.dispatcher import Dispatcher
-from syshax.broker.farm_client import FarmClient, settings_from_config
 from syshax.broker.keys import KEYS
 from syshax.broker.schemas import PrefillJob, TokenEvent
 from syshax.shared.config import Config, save_config
 from syshax.shared.models import default_model_path
 from syshax.shared.sampling import SamplingParams
 from syshax.shared.tokenizer import Tokenizer
-from syshax.workers import batch
 
 MODEL = "SmolLM2-135M-Instruct"
 CLI = [sys.executable, "-m", "syshax.cli"]

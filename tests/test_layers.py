@@ -1,0 +1,63 @@
+"""Layers point down: shared <- broker <- gateway / workers <- batch <- syshax (commands).
+
+Each package may import only the packages below it (and itself): the broker never knows the
+gateway, the gateway and the workers never import each other, and only the commands see
+everything. Checked on the source, imports inside functions included."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# package folder -> the syshax.* packages its files may import
+ALLOWED = {
+    "shared": {"shared"},
+    "broker": {"shared", "broker"},
+    "gateway": {"shared", "broker", "gateway"},
+    "workers": {"shared", "broker", "workers"},
+    "batch": {"shared", "broker", "gateway", "workers", "batch"},
+}
+
+
+def _imports(path: Path) -> set[str]:
+    """The top-level syshax packages a file imports (syshax.X -> X; relative imports stay
+    inside the package and are not listed)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+            if node.module == "syshax":
+                names = [f"syshax.{a.name}" for a in node.names]
+        for name in names:
+            parts = name.split(".")
+            if parts[0] == "syshax" and len(parts) > 1:
+                found.add(parts[1])
+    return found
+
+
+def test_every_package_imports_only_the_layers_below_it():
+    wrong = []
+    for package, allowed in ALLOWED.items():
+        for path in sorted((ROOT / package).rglob("*.py")):
+            bad = _imports(path) - allowed
+            if bad:
+                wrong.append(
+                    f"{path.relative_to(ROOT)} imports syshax.{', syshax.'.join(sorted(bad))}"
+                )
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_check_sees_every_form_of_import(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "import syshax.gateway.app\n"
+        "from syshax.workers.engine import engine\n"
+        "from syshax import batch\n"
+        "from . import sibling\n"
+        "def late():\n    from syshax.broker.keys import KEYS\n"
+    )
+    assert _imports(probe) == {"gateway", "workers", "batch", "broker"}
