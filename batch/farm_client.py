@@ -22,8 +22,9 @@ from typing import Any
 
 import redis
 from pydantic import ValidationError
+from syshax.broker import farm_io
 from syshax.broker.keys import KEYS, Keys
-from syshax.broker.schemas import SchemaError, TokenEvent
+from syshax.broker.schemas import TokenEvent
 from syshax.gateway.errors import APIError, validation_error, worker_error
 from syshax.gateway.generation import Choice, completion_body
 from syshax.gateway.prepare import CHAT, TEXT, Plan, Preparer, job_ids
@@ -139,11 +140,10 @@ class FarmClient:
         """Queue one prefill job per choice: on the batch stream for priority >= 1 (served only
         when no interactive job waits), on the interactive stream for priority 0."""
         stream = self.keys.prefill_batch_stream if priority > 0 else self.keys.prefill_stream
-        with self.r.pipeline(transaction=False) as pipe:
-            for job in plan.jobs():
-                job.priority = priority
-                pipe.xadd(stream, {"j": job.pack()})
-            pipe.execute()
+        jobs = list(plan.jobs())
+        for job in jobs:
+            job.priority = priority
+        farm_io.queue_jobs(self.r, stream, jobs)
 
     def collect(
         self,
@@ -198,20 +198,13 @@ class FarmClient:
         """Cancel jobs by id, as the gateway does: flag (for queued jobs) + publish (running)."""
         if not ids:
             return
-        with self.r.pipeline(transaction=False) as pipe:
-            for jid in ids:
-                pipe.set(self.keys.cancel_flag(jid), 1, ex=max(1, int(self.output_ttl)))
-                pipe.publish(self.keys.cancel_channel, jid)
-            pipe.execute()
+        farm_io.cancel_jobs(self.r, self.keys, ids, int(self.output_ttl))
 
     def finished(self, request_id: str, n: int) -> bool:
         """Whether every choice of an earlier request already has its last event."""
         for jid in job_ids(request_id, n):
-            last = self.r.xrevrange(self.keys.output_stream(jid), count=1)
-            if not last:
-                return False
-            ev = TokenEvent.unpack(last[0][1][b"e"])
-            if ev.finish_reason is None and ev.error is None:
+            ev = farm_io.last_event(self.r, self.keys, jid)
+            if ev is None or (ev.finish_reason is None and ev.error is None):
                 return False
         return True
 
@@ -220,17 +213,11 @@ class FarmClient:
         open_ = {
             s: cur for s, cur in reading.cursors.items() if not reading.choices[streams[s]].done
         }
-        resp = self.r.xread(open_, count=1024, block=max(1, int(block * 1000)))
-        for name, entries in resp or []:
-            stream = name.decode() if isinstance(name, bytes) else name
+        for stream, entries in farm_io.read_outputs(self.r, open_, int(block * 1000)):
             choice = reading.choices[streams[stream]]
-            for entry_id, fields in entries:
-                reading.cursors[stream] = (
-                    entry_id.decode() if isinstance(entry_id, bytes) else entry_id
-                )
-                try:
-                    event = TokenEvent.unpack(fields[b"e"])
-                except (SchemaError, KeyError):
+            for entry_id, event in entries:
+                reading.cursors[stream] = entry_id
+                if event is None:
                     continue
                 if event.seq > choice.last_seq and not choice.done:  # duplicates are dropped
                     _apply(choice, event)

@@ -28,6 +28,7 @@ from rq import Queue, Retry, Worker, get_current_job
 from rq.exceptions import InvalidJobOperation
 from rq.job import Job, JobStatus
 from syshax.batch.farm_client import FarmCancelled, FarmClient, FarmTimeout, endpoint_kind
+from syshax.broker import batch_records as records
 from syshax.broker.keys import KEYS, Keys
 from syshax.gateway.errors import APIError
 from syshax.gateway.prepare import job_ids
@@ -148,17 +149,12 @@ def submit(
     invalid = sum(i.error is not None for i in items)
     info = {"source": source, "created": time.time(), "total": len(items), "invalid": invalid}
     info.update(priority=priority, queue=keys.batch_queue, result_ttl=result_ttl)
-    batch_keys = (keys.batch_info(bid), keys.batch_jobs(bid), keys.batch_invalid(bid))
-    with r.pipeline() as pipe:
-        pipe.hset(keys.batch_info(bid), mapping=info)
-        pipe.zadd(keys.batches, {bid: info["created"]})
-        for item in items:
-            if item.error is not None:
-                err = {"custom_id": item.custom_id, "error": f"line {item.line}: {item.error}"}
-                pipe.hset(keys.batch_invalid(bid), str(item.line), json.dumps(err))
-        for key in batch_keys:
-            pipe.expire(key, result_ttl)
-        pipe.execute()
+    invalid_lines = {
+        item.line: {"custom_id": item.custom_id, "error": f"line {item.line}: {item.error}"}
+        for item in items
+        if item.error is not None
+    }
+    records.create(r, keys, bid, info, invalid_lines, result_ttl)
     valid = [i for i in items if i.error is None]
     for start in range(0, len(valid), chunk):
         part = valid[start : start + chunk]
@@ -176,11 +172,15 @@ def submit(
             )
             for it in part
         ]
-        with r.pipeline() as pipe:
-            pipe.rpush(keys.batch_jobs(bid), *[job_id(bid, it.line) for it in part])
-            pipe.expire(keys.batch_jobs(bid), result_ttl)
-            queue.enqueue_many(datas, pipeline=pipe)
-            pipe.execute()
+        ids = [job_id(bid, it.line) for it in part]
+        records.add_jobs(
+            r,
+            keys,
+            bid,
+            ids,
+            result_ttl,
+            lambda pipe, d=datas: queue.enqueue_many(d, pipeline=pipe),
+        )
     return bid
 
 
@@ -218,7 +218,7 @@ def run_request(
         return out
 
     def cancelled() -> bool:
-        return bool(client.r.hget(keys.batch_info(batch_id), "cancelled"))
+        return records.is_cancelled(client.r, keys, batch_id)
 
     if cancelled():
         return finish(output_line(custom_id, None, None, _cancel_error()), "cancelled")
@@ -273,11 +273,7 @@ def _save(job: Job | None) -> None:
 
 def _touch(r: redis.Redis, keys: Keys, bid: str) -> None:
     """Keep a batch's keys as long as its newest result."""
-    ttl = int(r.hget(keys.batch_info(bid), "result_ttl") or RESULT_TTL)
-    with r.pipeline(transaction=False) as pipe:
-        for key in (keys.batch_info(bid), keys.batch_jobs(bid), keys.batch_invalid(bid)):
-            pipe.expire(key, ttl)
-        pipe.execute()
+    records.touch(r, keys, bid, RESULT_TTL)
 
 
 # ---- a whole batch ---------------------------------------------------------------------------
@@ -286,9 +282,9 @@ class BatchNotFound(KeyError):
 
 
 def _jobs(r: redis.Redis, bid: str, keys: Keys) -> list[tuple[str, Job | None]]:
-    if not r.exists(keys.batch_info(bid)):
+    ids = records.job_ids(r, keys, bid)
+    if ids is None:
         raise BatchNotFound(bid)
-    ids = [i.decode() for i in r.lrange(keys.batch_jobs(bid), 0, -1)]
     return list(zip(ids, Job.fetch_many(ids, connection=r), strict=True))
 
 
@@ -317,9 +313,9 @@ def status(r: redis.Redis, bid: str, keys: Keys = KEYS) -> dict[str, Any]:
     for _, job in jobs:
         counts[state(job)] += 1
         tokens += int(job.meta.get("tokens", 0)) if job is not None else 0
-    invalid = int(r.hlen(keys.batch_invalid(bid)))
+    invalid = len(records.invalid_lines(r, keys, bid))
     counts["failed"] += invalid
-    info = {k.decode(): v.decode() for k, v in r.hgetall(keys.batch_info(bid)).items()}
+    info = records.info(r, keys, bid)
     total = len(jobs) + invalid
     done = total - counts["queued"] - counts["started"]
     return {
@@ -349,10 +345,9 @@ def results(r: redis.Redis, bid: str, keys: Keys = KEYS) -> Iterator[tuple[int, 
         if out is None:
             out = output_line(custom_id, None, None, _job_error(job, st))
         items.append((line, st, out))
-    for line, raw in r.hgetall(keys.batch_invalid(bid)).items():
-        err = json.loads(raw)
+    for line, err in records.invalid_lines(r, keys, bid).items():
         message = {"code": "invalid_request", "message": err["error"]}
-        items.append((int(line), "failed", output_line(err["custom_id"], None, None, message)))
+        items.append((line, "failed", output_line(err["custom_id"], None, None, message)))
     yield from sorted(items, key=lambda t: t[0])
 
 
@@ -375,7 +370,7 @@ def _job_error(job: Job | None, st: str) -> dict[str, str]:
 def cancel(r: redis.Redis, bid: str, keys: Keys = KEYS) -> dict[str, int]:
     """Cancel a batch: waiting jobs are cancelled in rq; running ones see the flag within a
     second and cancel their farm request. Returns how many of each."""
-    r.hset(keys.batch_info(bid), "cancelled", 1)
+    records.mark_cancelled(r, keys, bid)
     counts = {"cancelled": 0, "stopping": 0}
     for _, job in _jobs(r, bid, keys):
         st = state(job)

@@ -22,6 +22,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError, ResponseError
 
 from .keys import KEYS, Keys
+from .request_info import RequestInfo
 from .schemas import KVHandle, PrefillJob, SchemaError, TokenEvent
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,7 @@ class BrokerClient:
     ) -> None:
         self.redis = redis
         self.keys = keys
+        self.requests = RequestInfo(redis, keys)  # the resume record of each request
         self.output_ttl = output_ttl
         self.poll_interval = poll_interval
         self._pubsub: Any = None

@@ -118,6 +118,21 @@ class WorkQueues:
         pipe.xdel(entry.stream, entry.entry_id)
         pipe.execute()
 
+    def hand_over(self, entry: Entry, stream: str, data: bytes) -> None:
+        """Queue a job made from `entry` on `stream` and ack `entry`, in one MULTI: the new job
+        exists if and only if the old entry is acked, so a worker that dies here never leaves
+        both (two workers on one request) or neither (a lost request)."""
+        pipe = self.r.pipeline(transaction=True)
+        pipe.xadd(stream, {"j": data})
+        pipe.xack(entry.stream, self.group, entry.entry_id)
+        pipe.xdel(entry.stream, entry.entry_id)
+        pipe.execute()
+
+    def requeue(self, entry: Entry) -> None:
+        """Put `entry` back, unchanged, at the end of its own stream (a draining worker's
+        unfinished job): the same one MULTI as a handoff."""
+        self.hand_over(entry, entry.stream, entry.data or b"")
+
     def dead_letter(self, entry: Entry, reason: str) -> None:
         """Move a poison message aside (kept for inspection) so it cannot block the queue."""
         log.error("dead-lettering %s %s: %s", entry.stream, entry.entry_id, reason)
@@ -249,6 +264,15 @@ class Heartbeat:
         pipe.delete(self.keys.worker(self.worker_id))
         pipe.srem(self.keys.workers, self.worker_id)
         pipe.execute()
+
+
+def record_dispatch(r: redis.Redis, device: str, reason: str, keys: Keys = KEYS) -> None:
+    """Log a dispatcher decision (the last 100, for `syshax top`) and count it per device."""
+    pipe = r.pipeline(transaction=False)
+    pipe.lpush(keys.dispatch_log, f"{time.time():.3f} {device} {reason}")
+    pipe.ltrim(keys.dispatch_log, 0, 99)
+    pipe.incr(keys.dispatch_count(device))
+    pipe.execute()
 
 
 def heartbeat_ttl(info: dict[str, str]) -> float:

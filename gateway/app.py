@@ -7,7 +7,7 @@ GET /v1/requests/{request_id}/stream (SSE resume), GET /health, GET /metrics.
 from __future__ import annotations
 
 import asyncio
-import json
+import contextlib
 import logging
 import time
 from contextlib import asynccontextmanager
@@ -113,12 +113,8 @@ class Gateway:
             )
         gen = self.generation(plan)  # subscribed before any job is queued
         try:
-            info_key = self.keys.request_info(plan.request_id)
             ttl = int(self.settings.request_timeout + self.settings.output_ttl)
-            async with self.redis.pipeline(transaction=False) as pipe:
-                pipe.hset(info_key, mapping={"info": json.dumps(plan.info()), "attach": 0})
-                pipe.expire(info_key, ttl)
-                await pipe.execute()
+            await self.broker.requests.save(plan.request_id, plan.info(), ttl)
             for job in plan.jobs():
                 await self.broker.submit(job)
         except BaseException:
@@ -183,8 +179,8 @@ class Gateway:
         if grace > 0:
             await asyncio.sleep(grace)
             try:
-                now = await self.redis.hget(self.keys.request_info(gen.request_id), "attach")
-                if now is not None and int(now) != attach:
+                now = await self.broker.requests.attach_count(gen.request_id)
+                if now is not None and now != attach:
                     return
             except REDIS_DOWN:
                 pass
@@ -194,30 +190,23 @@ class Gateway:
     async def ended(self, request_id: str) -> None:
         """The request is over (done, failed or cancelled): its resume info is kept as long as
         its output (`output_ttl`), and marked, so a resume after the output expired is a 404."""
-        key = self.keys.request_info(request_id)
-        try:
-            async with self.redis.pipeline(transaction=False) as pipe:
-                pipe.hset(key, "ended", 1)
-                pipe.expire(key, max(1, int(self.settings.output_ttl)))
-                await pipe.execute()
-        except REDIS_DOWN:
-            pass  # the info still expires with request_timeout + output_ttl
+        # Redis down: the info still expires with request_timeout + output_ttl
+        with contextlib.suppress(REDIS_DOWN):
+            await self.broker.requests.end(request_id, int(self.settings.output_ttl))
 
     async def resume(self, request: Request, request_id: str) -> StreamingResponse:
         assert self.broker is not None
-        info_key = self.keys.request_info(request_id)
-        raw, ended = await self.redis.hmget(info_key, ["info", "ended"])
+        info, ended = await self.broker.requests.load(request_id)
         gone = APIError(
             404,
             f"no request {request_id!r} (unknown, or its output expired)",
             param="request_id",
             code="request_not_found",
         )
-        if raw is None:
+        if info is None:
             raise gone
-        info = json.loads(raw)
         n = int(info["n"])
-        over = ended is not None or time.time() > float(info["deadline"])
+        over = ended or time.time() > float(info["deadline"])
         # Over: what is left to serve is its output stream, if it has not expired yet.
         if over and not any([await self.broker.request_exists(j) for j in job_ids(request_id, n)]):
             raise gone
@@ -237,7 +226,7 @@ class Gateway:
                     param="Last-Event-ID",
                     code="invalid_value",
                 )
-        attach = int(await self.redis.hincrby(info_key, "attach", 1))
+        attach = await self.broker.requests.attach(request_id)
         gen = Generation(
             self.broker,
             self.metrics,

@@ -174,7 +174,7 @@ class Generation:
             return
         self._alive_checked = now
         try:
-            exists = await self.broker.redis.exists(self.broker.keys.request_info(self.request_id))
+            exists = await self.broker.requests.exists(self.request_id)
         except REDIS_DOWN:
             self._down_since = self._down_since or now
             if now - self._down_since >= BROKER_OUTAGE_LIMIT:

@@ -61,3 +61,30 @@ def test_the_check_sees_every_form_of_import(tmp_path):
         "def late():\n    from syshax.broker.keys import KEYS\n"
     )
     assert _imports(probe) == {"gateway", "workers", "batch", "broker"}
+
+
+REDIS_COMMANDS = {
+    "pipeline", "xadd", "xack", "xdel", "xreadgroup", "xread", "xclaim", "xautoclaim",
+    "xpending", "xpending_range", "xlen", "xrange", "xrevrange", "xgroup_create", "hset",
+    "hget", "hgetall", "hmget", "hincrby", "hdel", "lpush", "rpush", "ltrim", "lrange",
+    "incr", "incrby", "expire", "smembers", "sadd", "srem", "zadd", "zrange", "scan_iter",
+}  # fmt: skip
+
+
+def _redis_calls(path: Path) -> list[str]:
+    calls = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            if node.func.attr in REDIS_COMMANDS:
+                calls.append(f"{path.relative_to(ROOT)}:{node.lineno} .{node.func.attr}()")
+    return calls
+
+
+def test_every_redis_command_lives_in_broker():
+    """Key names and commands in one package (as rq and arq keep them): the gateway, the
+    workers, batches and commands ask the broker's functions."""
+    calls = []
+    for package in ("shared", "gateway", "workers", "batch", "syshax"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            calls += _redis_calls(path)
+    assert not calls, "\n".join(calls)

@@ -9,12 +9,11 @@ MULTI that acks the prefill entry.
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING
 
 from syshax.broker.dispatcher import Decision
 from syshax.broker.schemas import DecodeJob
-from syshax.broker.worker_io import device_loads
+from syshax.broker.worker_io import device_loads, record_dispatch
 
 if TYPE_CHECKING:
     from .worker import Job, Worker
@@ -54,14 +53,8 @@ def send(worker: Worker, job: Job, device_class: str) -> None:
         deadline=msg.deadline,
         priority=msg.priority,
     )
-    # One MULTI: the decode job exists if and only if the prefill entry is acked, so a
-    # worker that dies here never leaves both (two decoders) or neither (a lost request).
-    entry = job.entry
-    pipe = worker.r.pipeline(transaction=True)
-    pipe.xadd(worker.keys.decode_stream(device_class), {"j": decode.pack()})
-    pipe.xack(entry.stream, worker.queues.group, entry.entry_id)
-    pipe.xdel(entry.stream, entry.entry_id)
-    pipe.execute()
+    # One MULTI: the decode job exists if and only if the prefill entry is acked.
+    worker.queues.hand_over(job.entry, worker.keys.decode_stream(device_class), decode.pack())
 
 
 def _store_for(worker: Worker, device_class: str) -> str:
@@ -76,10 +69,5 @@ def _store_for(worker: Worker, device_class: str) -> str:
 
 
 def _record(worker: Worker, decision: Decision) -> None:
-    keys = worker.keys
-    pipe = worker.r.pipeline(transaction=False)
-    pipe.lpush(keys.dispatch_log, f"{time.time():.3f} {decision.device} {decision.reason}")
-    pipe.ltrim(keys.dispatch_log, 0, 99)
-    pipe.incr(keys.dispatch_count(decision.device))
-    pipe.execute()
+    record_dispatch(worker.r, decision.device, decision.reason, worker.keys)
     worker.metrics.dispatch.labels(**worker.metrics.labels, device=decision.device).inc()

@@ -389,7 +389,7 @@ class Worker:
         for job in list(self.jobs.values()):
             # Requeue unchanged: whoever takes it resumes from the delivered tokens.
             self.engine.abort(job.request_id)
-            self.r.xadd(job.entry.stream, {"j": job.entry.data})
-            self._done(job)
+            self.queues.requeue(job.entry)
+            self.jobs.pop(job.request_id, None)
         self.heartbeat.remove()
         self.cancels.close()

@@ -29,39 +29,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def snapshot(r, keys) -> dict:
-    """Everything the view shows, read in a few round trips."""
-    from syshax.broker.kv_store import KVStore
-    from syshax.broker.worker_io import live_workers
+    from syshax.broker.farm_state import snapshot as farm_snapshot
 
-    streams = {"prefill": keys.prefill_stream, "prefill:batch": keys.prefill_batch_stream}
-    streams.update({f"decode:{c}": keys.decode_stream(c) for c in ("gpu", "cpu")})
-    pipe = r.pipeline()
-    for s in streams.values():
-        pipe.xlen(s)
-        pipe.xpending(s, keys.decode_group)
-    pipe.lrange(keys.dispatch_log, 0, 9)
-    for c in ("gpu", "cpu"):
-        pipe.get(keys.dispatch_count(c))
-    replies = pipe.execute(raise_on_error=False)
-    queues = {}
-    for i, name in enumerate(streams):
-        length, pending = replies[2 * i], replies[2 * i + 1]
-        taken = pending.get("pending", 0) if isinstance(pending, dict) else 0
-        length = length if isinstance(length, int) else 0
-        queues[name] = (max(length - taken, 0), taken)
-    rest = replies[2 * len(streams) :]
-    decisions = [d.decode() if isinstance(d, bytes) else d for d in rest[0]]
-    counts = {c: int(v or 0) for c, v in zip(("gpu", "cpu"), rest[1:], strict=True)}
-    leases, nbytes = KVStore(r, keys).stats()
-    return {
-        "workers": sorted(
-            live_workers(r, keys), key=lambda w: (w.get("device_class", ""), w.get("id", ""))
-        ),
-        "queues": queues,
-        "decisions": decisions,
-        "counts": counts,
-        "kv": (leases, nbytes),
-    }
+    return farm_snapshot(r, keys)
 
 
 def render(snap: dict):

@@ -1,0 +1,50 @@
+"""The resume record of each request, for the gateways (`keys.request_info`: a hash with the
+request's plan as JSON, an `attach` counter that moves when a client re-attaches, and an
+`ended` mark). Any gateway can serve a resume from it, so it lives in Redis, not in one
+gateway's memory."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from .keys import KEYS, Keys
+
+
+class RequestInfo:
+    def __init__(self, redis: aioredis.Redis, keys: Keys = KEYS) -> None:
+        self.redis, self.keys = redis, keys
+
+    async def save(self, request_id: str, info: dict[str, Any], ttl: int) -> None:
+        """Record a new request (attached once), kept `ttl` seconds."""
+        key = self.keys.request_info(request_id)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hset(key, mapping={"info": json.dumps(info), "attach": 0})
+            pipe.expire(key, ttl)
+            await pipe.execute()
+
+    async def load(self, request_id: str) -> tuple[dict[str, Any] | None, bool]:
+        """(the request's info or None if unknown/expired, whether it has ended)."""
+        raw, ended = await self.redis.hmget(self.keys.request_info(request_id), ["info", "ended"])
+        return (json.loads(raw) if raw is not None else None), ended is not None
+
+    async def attach(self, request_id: str) -> int:
+        """A client attaches (a resume): returns the new attach count."""
+        return int(await self.redis.hincrby(self.keys.request_info(request_id), "attach", 1))
+
+    async def attach_count(self, request_id: str) -> int | None:
+        now = await self.redis.hget(self.keys.request_info(request_id), "attach")
+        return None if now is None else int(now)
+
+    async def end(self, request_id: str, ttl: int) -> None:
+        """Mark the request over; its record is kept `ttl` more seconds (as its output)."""
+        key = self.keys.request_info(request_id)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hset(key, "ended", 1)
+            pipe.expire(key, max(1, ttl))
+            await pipe.execute()
+
+    async def exists(self, request_id: str) -> bool:
+        return bool(await self.redis.exists(self.keys.request_info(request_id)))
