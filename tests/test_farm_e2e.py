@@ -176,6 +176,10 @@ def test_pd_request_equals_single_worker_greedy_run(farm, reference):
 def test_first_token_arrives_before_the_decode_worker_takes_the_job(farm, reference):
     expected_text, _ = reference(MESSAGES, 16)
     farm.procs["cpu"].send_signal(signal.SIGSTOP)  # the decode worker cannot take anything now
+    # ...once the blocking read it may be in has timed out in Redis (block_ms, 100 ms): until
+    # then Redis still hands it entries, which a frozen process holds as pending. With the
+    # fused prefill the handoff can come within those 100 ms.
+    time.sleep(0.5)
     try:
         stream = farm.client.chat.completions.create(
             model=MODEL, messages=MESSAGES, max_tokens=16, temperature=0, stream=True

@@ -198,7 +198,7 @@ def test_the_worker_uses_engines_only_through_the_protocol():
     allowed = {n for n, _ in inspect.getmembers(EngineProtocol) if not n.startswith("_")}
     allowed |= set(EngineProtocol.__annotations__)
     root = Path(__file__).resolve().parents[3]
-    files = [root / "workers" / f for f in ("worker.py", "handoff.py", "upkeep.py", "batch.py")]
+    files = [root / "workers" / f for f in ("worker.py", "handoff.py", "upkeep.py")]
     files.append(root / "syshax" / "commands" / "worker.py")
     used = set()
     for path in files:
