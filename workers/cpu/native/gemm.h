@@ -5,6 +5,9 @@
 #include "sx.h"
 
 #define SX_PART 8 /* rows per unit of the thread partition: one packed tile */
+#ifndef SX_PF
+#define SX_PF 4096 /* bytes ahead that one-activation-row tiles prefetch their weights */
+#endif
 
 #ifdef _OPENMP
 #include <omp.h>

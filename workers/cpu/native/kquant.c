@@ -2,9 +2,6 @@
  * gemm.c's Q4_0 tiles with the K-quants' per-sub-block scales and mins, and a scalar twin that
  * computes the same bits (same exact integer sums, same fused multiply-adds in the same order). */
 #include "gemm.h"
-#ifndef SX_PF
-#define SX_PF 4096
-#endif
 
 #ifdef SX_AVX2
 SX_AI __m256i shift16(__m256i x, int left) { /* 16-bit lanes by `left` (< 0: right) */
@@ -21,6 +18,8 @@ SX_AI void tile_k(int type, int C, const uint8_t *w, int nb, const sx_act *act, 
     const __m256i m4 = _mm256_set1_epi8(0x0F), b4 = _mm256_set1_epi8(0x10);
     memset(out, 0, sizeof(float) * 8 * C); /* the sums between super-blocks: registers are for the loop */
     for (int sb = 0; sb < nb / 8; sb++, w += tb) {
+        if (C == 1) /* one activation row streams the weights: prefetch SX_PF ahead (as tile_k6) */
+            for (size_t o = 0; o < tb; o += 64) _mm_prefetch((const char *)w + SX_PF + o, _MM_HINT_T0);
         __m256 sd[SX_MAXC];
 #pragma GCC unroll 4
         for (int c = 0; c < C; c++) sd[c] = _mm256_setzero_ps();
