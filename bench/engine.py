@@ -117,7 +117,8 @@ def bench_ours(args: argparse.Namespace, path: Path, prompts: list[list[int]], d
 
     start = time.perf_counter()
     max_len = args.prompt_tokens + args.new_tokens + 8
-    eng = Engine(path, device="cpu", dtype=dtype, max_model_len=max_len, max_num_seqs=max(args.batches), load_tokenizer=False, progress=False)  # fmt: skip
+    # no prefix caching: the timed prompts repeat, it would skip their prefill
+    eng = Engine(path, device="cpu", dtype=dtype, max_model_len=max_len, max_num_seqs=max(args.batches), max_num_batched_tokens=max(args.batches) * max_len, prefix_caching=False, load_tokenizer=False, progress=False)  # fmt: skip
     load_s = time.perf_counter() - start
     row = Row("syshax", f"{quant_name(path)} -> {dtype}", load_s=load_s)
     counter = iter(range(10**9))
