@@ -74,9 +74,12 @@ REDIS_COMMANDS = {
 def _redis_calls(path: Path) -> list[str]:
     calls = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
-            if node.func.attr in REDIS_COMMANDS:
-                calls.append(f"{path.relative_to(ROOT)}:{node.lineno} .{node.func.attr}()")
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in REDIS_COMMANDS
+        ):
+            calls.append(f"{path.relative_to(ROOT)}:{node.lineno} .{node.func.attr}()")
     return calls
 
 
