@@ -14,12 +14,13 @@ from syshax.shared.sampling import SamplingParams
 
 from .engine.errors import KVFormatError, RequestError
 from .engine.outputs import EngineStats, StepOutput
+from .engine.protocol import SchedulerRequests
 from .engine.scheduler import DEFAULT_MAX_NUM_BATCHED_TOKENS, Scheduler
 
 ECHO_MODEL_ID = "echo-engine"
 
 
-class EchoEngine:
+class EchoEngine(SchedulerRequests):
     def __init__(
         self,
         tokenizer=None,
@@ -41,41 +42,6 @@ class EchoEngine:
             tokenizer=tokenizer,
         )
         self.stats = EngineStats()
-
-    @property
-    def num_slots(self) -> int:
-        return self.scheduler.max_num_seqs
-
-    @property
-    def kv_blocks(self) -> tuple[int, int]:
-        blocks = self.scheduler.blocks
-        return blocks.num_free, blocks.num_blocks
-
-    @property
-    def num_running(self) -> int:
-        return len(self.scheduler.running)
-
-    @property
-    def num_waiting(self) -> int:
-        return len(self.scheduler.waiting)
-
-    def request_ids(self) -> list[str]:
-        return list(self.scheduler.sequences)
-
-    def output_ids(self, rid: str) -> list[int]:
-        return list(self.scheduler.sequences[rid].output_ids)
-
-    def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
-
-    def add_request(self, rid: str, prompt_ids, params: SamplingParams) -> None:
-        self.scheduler.add(self.scheduler.new_sequence(rid, prompt_ids, params))
-
-    def resume_request(self, rid: str, prompt_ids, output_ids, params: SamplingParams) -> None:
-        self.scheduler.add(self.scheduler.new_sequence(rid, prompt_ids, params, output_ids))
-
-    def abort(self, rid: str) -> None:
-        self.scheduler.abort(rid)
 
     def export_kv(self, rid: str, release: bool = True) -> bytes:
         seq = self.scheduler.sequences.get(rid)

@@ -27,6 +27,7 @@ from .kv_cache import KVCache
 from .loader import WEIGHT_PLANS, is_gguf, load_model, parse_dtype, resolve_model_path
 from .memory import available_bytes, plan_kv_blocks
 from .outputs import EngineStats, StepOutput
+from .protocol import SchedulerRequests
 from .runner import FusedRunner, TorchRunner
 from .sampler import sample
 from .scheduler import DEFAULT_BLOCK_SIZE, DEFAULT_MAX_NUM_BATCHED_TOKENS, Scheduler
@@ -70,7 +71,7 @@ def resolve_device(device: str) -> torch.device:
     return dev
 
 
-class Engine:
+class Engine(SchedulerRequests):
     def __init__(
         self,
         model: str | Path | None = None,
@@ -237,50 +238,6 @@ class Engine:
     @property
     def model_id(self) -> str:
         return self.config.fingerprint()
-
-    @property
-    def num_slots(self) -> int:
-        return self.scheduler.max_num_seqs
-
-    @property
-    def kv_blocks(self) -> tuple[int, int]:
-        """(free, total) KV blocks; free counts cached blocks nobody holds."""
-        blocks = self.scheduler.blocks
-        return blocks.num_free, blocks.num_blocks
-
-    @property
-    def num_running(self) -> int:
-        return len(self.scheduler.running)
-
-    @property
-    def num_waiting(self) -> int:
-        return len(self.scheduler.waiting)
-
-    def request_ids(self) -> list[str]:
-        return list(self.scheduler.sequences)
-
-    def output_ids(self, request_id: str) -> list[int]:
-        """The tokens generated so far for a request in this engine (KeyError if unknown)."""
-        return list(self.scheduler.sequences[request_id].output_ids)
-
-    def add_request(self, request_id: str, prompt_ids: Seq[int], params: SamplingParams) -> None:
-        """Queue a request; `step()` computes its prompt when KV blocks and the token budget
-        allow."""
-        self.scheduler.add(self.scheduler.new_sequence(request_id, prompt_ids, params))
-
-    def resume_request(
-        self, request_id: str, prompt_ids: Seq[int], output_ids: Seq[int], params: SamplingParams
-    ) -> None:
-        """Continue a request whose KV is lost (its worker died): recompute it from the tokens."""
-        seq = self.scheduler.new_sequence(request_id, prompt_ids, params, output_ids)
-        self.scheduler.add(seq)
-
-    def abort(self, request_id: str) -> None:
-        """Drop a request wherever it is (waiting or running) and free its KV blocks."""
-        self.scheduler.abort(request_id)
-
-    def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
 
     # ---- the loop -----------------------------------------------------------------------
 

@@ -10,6 +10,7 @@ from typing import Protocol, runtime_checkable
 from syshax.shared.sampling import SamplingParams
 
 from .outputs import EngineStats, StepOutput
+from .scheduler import Scheduler
 
 
 @runtime_checkable
@@ -63,3 +64,54 @@ class EngineProtocol(Protocol):
         output_ids: Seq[int],
         params: SamplingParams,
     ) -> None: ...
+
+
+class SchedulerRequests:
+    """The request side of the protocol for an engine built on `Scheduler` (the model engine
+    and the echo stand-in): counts, ids, add / resume / abort. The engine sets
+    `self.scheduler`."""
+
+    scheduler: Scheduler
+
+    @property
+    def num_slots(self) -> int:
+        return self.scheduler.max_num_seqs
+
+    @property
+    def num_running(self) -> int:
+        return len(self.scheduler.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.scheduler.waiting)
+
+    @property
+    def kv_blocks(self) -> tuple[int, int]:
+        """(free, total) KV blocks; free counts cached blocks nobody holds."""
+        blocks = self.scheduler.blocks
+        return blocks.num_free, blocks.num_blocks
+
+    def request_ids(self) -> list[str]:
+        return list(self.scheduler.sequences)
+
+    def output_ids(self, request_id: str) -> list[int]:
+        """The tokens generated so far for a request in this engine (KeyError if unknown)."""
+        return list(self.scheduler.sequences[request_id].output_ids)
+
+    def add_request(self, request_id: str, prompt_ids: Seq[int], params: SamplingParams) -> None:
+        """Queue a request; `step()` computes its prompt when KV blocks and the token budget
+        allow."""
+        self.scheduler.add(self.scheduler.new_sequence(request_id, prompt_ids, params))
+
+    def resume_request(
+        self, request_id: str, prompt_ids: Seq[int], output_ids: Seq[int], params: SamplingParams
+    ) -> None:
+        """Continue a request whose KV is lost (its worker died): recompute it from the tokens."""
+        self.scheduler.add(self.scheduler.new_sequence(request_id, prompt_ids, params, output_ids))
+
+    def abort(self, request_id: str) -> None:
+        """Drop a request wherever it is (waiting or running) and free its KV blocks."""
+        self.scheduler.abort(request_id)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
