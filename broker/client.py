@@ -22,13 +22,13 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError, ResponseError
 
 from .keys import KEYS, Keys
+from .liveness import is_alive
 from .request_info import RequestInfo
 from .schemas import KVHandle, PrefillJob, SchemaError, TokenEvent
 
 log = logging.getLogger(__name__)
 
 SUBSCRIBE_WAIT = 2.0  # most seconds submit() waits for a SUBSCRIBE confirmation
-WORKER_HEARTBEAT_TIMEOUT = 10.0  # a worker whose last_seen is older is not alive
 
 
 def _text(value: Any) -> str:
@@ -111,8 +111,8 @@ class BrokerClient:
             await pipe.execute()
 
     async def workers(self) -> list[dict[str, Any]]:
-        """Registered workers with their heartbeat hash (plus "id"); ids whose hash expired are
-        pruned from the set."""
+        """Registered workers alive now (`liveness.is_alive`) with their heartbeat hash (plus
+        "id"); ids whose hash expired are pruned from the set."""
         ids = sorted(_text(i) for i in await self.redis.smembers(self.keys.workers))
         if not ids:
             return []
@@ -121,10 +121,12 @@ class BrokerClient:
                 pipe.hgetall(self.keys.worker(wid))
             hashes = await pipe.execute()
         alive, dead = [], []
+        now = time.time()
         for wid, h in zip(ids, hashes, strict=True):
-            if h:
-                alive.append({"id": wid, **{_text(k): _text(v) for k, v in h.items()}})
-            else:
+            info = {_text(k): _text(v) for k, v in h.items()}
+            if is_alive(info, now):
+                alive.append({"id": wid, **info})
+            elif not info:
                 dead.append(wid)
         if dead:
             await self.redis.srem(self.keys.workers, *dead)

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 import redis
 
 from .keys import KEYS, Keys
+from .liveness import HEARTBEAT_TTL, is_alive
 from .schemas import SchemaError, TokenEvent
 
 log = logging.getLogger(__name__)
-HEARTBEAT_TTL = 10  # seconds (default): a worker silent this long is dead (its jobs get reclaimed)
 # A claim skips entries delivered (or claimed) less than this long ago: two live workers that
 # see the same orphan at once do not both take it (XCLAIM resets the idle time).
 CLAIM_MIN_IDLE_MS = 1000
@@ -275,16 +275,8 @@ def record_dispatch(r: redis.Redis, device: str, reason: str, keys: Keys = KEYS)
     pipe.execute()
 
 
-def heartbeat_ttl(info: dict[str, str]) -> float:
-    """The heartbeat TTL a worker announced (older workers did not: the default)."""
-    try:
-        return float(info.get("ttl", HEARTBEAT_TTL))
-    except ValueError:
-        return float(HEARTBEAT_TTL)
-
-
 def live_workers(r: redis.Redis, keys: Keys = KEYS) -> list[dict[str, str]]:
-    """Heartbeats of the workers alive now; prunes ids whose hash expired."""
+    """Heartbeats of the workers alive now (`liveness.is_alive`); prunes ids whose hash expired."""
     ids = [_s(i) for i in r.smembers(keys.workers)]
     if not ids:
         return []
@@ -295,7 +287,7 @@ def live_workers(r: redis.Redis, keys: Keys = KEYS) -> list[dict[str, str]]:
     now = time.time()
     for wid, h in zip(ids, pipe.execute(), strict=True):
         info = {_s(k): _s(v) for k, v in h.items()}
-        if info and now - float(info.get("last_seen", 0)) < heartbeat_ttl(info):
+        if is_alive(info, now):
             alive.append(info)
         elif not info:
             dead.append(wid)

@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
-from syshax.broker.client import WORKER_HEARTBEAT_TIMEOUT, BrokerClient
+from syshax.broker.client import BrokerClient
 from syshax.broker.keys import DEVICE_CLASSES, Keys
 from syshax.shared.tokenizer import Tokenizer
 
@@ -274,16 +274,9 @@ class Gateway:
         except REDIS_DOWN as exc:
             body.update(status="unavailable", redis="unreachable", reason=f"Redis: {exc}")
             return JSONResponse(body, status_code=503, headers=self.retry_headers())
-        now = time.time()
         prefill, decode = 0, dict.fromkeys(DEVICE_CLASSES, 0)
-        for w in workers:
-            try:
-                alive = now - float(w.get("last_seen", 0)) <= WORKER_HEARTBEAT_TIMEOUT
-            except ValueError:
-                alive = False
+        for w in workers:  # alive ones only (broker/liveness.py)
             roles = str(w.get("roles", "")).split(",")
-            if not alive:
-                continue
             prefill += "prefill" in roles
             if "decode" in roles and w.get("device_class") in decode:
                 decode[w["device_class"]] += 1

@@ -25,6 +25,7 @@ import redis
 from syshax.broker.dispatcher import Dispatcher
 from syshax.broker.keys import DEVICE_CLASSES, KEYS, Keys
 from syshax.broker.kv_store import KVStore, KVStoreError
+from syshax.broker.liveness import HEARTBEAT_TTL
 from syshax.broker.schemas import (
     DecodeJob,
     KVHandle,
@@ -34,7 +35,6 @@ from syshax.broker.schemas import (
     check_types,
 )
 from syshax.broker.worker_io import (
-    HEARTBEAT_TTL,
     CancelWatcher,
     Entry,
     Heartbeat,

@@ -201,9 +201,10 @@ def test_queue_depth_cancel_and_workers(backend):
         await pubsub.aclose()
 
         await r.sadd(keys.workers, "w1", "gone")
-        await r.hset(keys.worker("w1"), mapping={"roles": "prefill,decode", "last_seen": "1"})
+        seen = f"{time.time():.3f}"
+        await r.hset(keys.worker("w1"), mapping={"roles": "prefill,decode", "last_seen": seen})
         workers = await client.workers()
-        assert workers == [{"id": "w1", "roles": "prefill,decode", "last_seen": "1"}]
+        assert workers == [{"id": "w1", "roles": "prefill,decode", "last_seen": seen}]
         assert await r.smembers(keys.workers) == {b"w1"}
         await client.ping()
         await client.aclose()
@@ -297,3 +298,38 @@ def test_kv_and_stream_stats_for_metrics(redis_url):
             await client.aclose()
 
     run(check())
+
+
+def test_gateway_and_workers_judge_liveness_by_one_rule(redis_url):
+    """Each worker is judged by the TTL it announced, the same way by the gateway's async
+    client and by the workers' `live_workers`: a slow-beating worker (TTL 30 s, silent 15 s)
+    is alive, a fast one silent past its 2 s TTL is dead, an expired hash is pruned."""
+    import redis as sync_redis
+    from syshax.broker.liveness import is_alive
+    from syshax.broker.worker_io import live_workers
+
+    keys = Keys(prefix=f"t{uuid.uuid4().hex[:6]}")
+    now = time.time()
+    beats = {
+        "slow": {"last_seen": f"{now - 15:.3f}", "ttl": "30"},
+        "stale": {"last_seen": f"{now - 5:.3f}", "ttl": "2"},
+        "fresh": {"last_seen": f"{now:.3f}"},  # no ttl written: the 10 s default
+        "old-default": {"last_seen": f"{now - 11:.3f}"},
+    }
+    assert [w for w, b in beats.items() if is_alive(b, now)] == ["slow", "fresh"]
+    r = sync_redis.Redis.from_url(redis_url)
+    r.sadd(keys.workers, *beats, "expired")
+    for wid, beat in beats.items():
+        r.hset(keys.worker(wid), mapping={"id": wid, **beat})
+    assert sorted(w["id"] for w in live_workers(r, keys)) == ["fresh", "slow"]
+
+    async def from_gateway():
+        client = BrokerClient(aioredis.Redis.from_url(redis_url), keys, output_ttl=30)
+        try:
+            return sorted(w["id"] for w in await client.workers())
+        finally:
+            await client.aclose()
+
+    assert run(from_gateway()) == ["fresh", "slow"]
+    assert b"expired" not in r.smembers(keys.workers)  # pruned; the stale ones wait to expire
+    r.close()
