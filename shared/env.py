@@ -137,6 +137,23 @@ def kernel_march() -> str:
     return value
 
 
+def c_compiler() -> str | None:
+    """CC: the C compiler that builds the CPU kernels; unset = gcc, else cc, from PATH."""
+    return _raw("CC")
+
+
+def rq_dashboard_username() -> str | None:
+    """RQ_DASHBOARD_USERNAME: `syshax dashboard`'s basic-auth user when --username is not given
+    (default admin when a password is set)."""
+    return _raw("RQ_DASHBOARD_USERNAME")
+
+
+def rq_dashboard_password() -> str | None:
+    """RQ_DASHBOARD_PASSWORD: `syshax dashboard`'s basic-auth password when --password is not
+    given; unset = no authentication. Read from the environment so `ps` never shows it."""
+    return _raw("RQ_DASHBOARD_PASSWORD")
+
+
 # name -> reader; also the list the docs describe.
 ENV_VARS: dict[str, Callable[[], Any]] = {
     "DEBUG": debug,
@@ -148,6 +165,9 @@ ENV_VARS: dict[str, Callable[[], Any]] = {
     "NRC": nrc,
     "SYSHAX_KERNEL_CACHE": kernel_cache_dir,
     "SYSHAX_KERNEL_MARCH": kernel_march,
+    "CC": c_compiler,
+    "RQ_DASHBOARD_USERNAME": rq_dashboard_username,
+    "RQ_DASHBOARD_PASSWORD": rq_dashboard_password,
 }
 
 

@@ -40,8 +40,10 @@ def dashboard_argv(args: argparse.Namespace, url: str) -> tuple[list[str], dict[
     if args.url_prefix:
         argv += ["--url-prefix", args.url_prefix]
     env: dict[str, str] = {}
-    password = args.password or os.environ.get("RQ_DASHBOARD_PASSWORD") or ""
-    username = args.username or os.environ.get("RQ_DASHBOARD_USERNAME") or ""
+    from syshax.shared import env as environment
+
+    password = args.password or environment.rq_dashboard_password() or ""
+    username = args.username or environment.rq_dashboard_username() or ""
     if username and not password:
         raise ValueError("--username needs a password (--password or $RQ_DASHBOARD_PASSWORD)")
     if password:

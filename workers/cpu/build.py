@@ -50,7 +50,7 @@ def _source_dir() -> Path:
 
 
 def _compiler() -> str:
-    cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+    cc = env.c_compiler() or shutil.which("gcc") or shutil.which("cc")
     if not cc:
         raise KernelBuildError(
             "no C compiler found (gcc or cc on PATH, or CC): the CPU kernels "
