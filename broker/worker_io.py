@@ -112,6 +112,42 @@ class WorkQueues:
                         out.append(entry)
         return out
 
+    def lost_own(self, known: set[str], min_idle_ms: int = CLAIM_MIN_IDLE_MS) -> list[Entry]:
+        """Entries pending under this consumer name that this process never received (ids not
+        in `known`, the entries it holds), idle at least `min_idle_ms`, claimed back.
+
+        Redis delivers a stream entry to a consumer's blocked XREADGROUP and records it as
+        pending before it writes the reply. When that connection is already dead (a killed
+        process whose socket was not yet closed; a connection cut by the network, which the
+        server keeps until TCP gives up on it), the entry is pending under our name, and
+        nobody else claims it while our id heartbeats. `own_pending` at start cannot see an
+        entry delivered after it ran, so the worker looks again on its claim timer."""
+        out: list[Entry] = []
+        for stream in self.streams:
+            try:
+                pending = self.r.xpending_range(
+                    stream, self.group, "-", "+", count=100, consumername=self.consumer
+                )
+            except redis.ResponseError:
+                continue
+            lost = [
+                _s(p["message_id"])
+                for p in pending
+                if _s(p["message_id"]) not in known and p["time_since_delivered"] >= min_idle_ms
+            ]
+            if not lost:
+                continue
+            # XCLAIM to ourselves resets the idle time and hands back the fields.
+            for entry_id, fields in self.r.xclaim(
+                stream, self.group, self.consumer, min_idle_ms, lost
+            ):
+                entry = Entry(stream, _s(entry_id), _job_data(fields), reclaimed=True)
+                if entry.data is None:
+                    self.ack(entry)  # deleted meanwhile: nothing to run
+                else:
+                    out.append(entry)
+        return out
+
     def ack(self, entry: Entry) -> None:
         pipe = self.r.pipeline()
         pipe.xack(entry.stream, self.group, entry.entry_id)

@@ -4,6 +4,8 @@ of jobs nobody else will finish, and the KV lease sweep.
 Claims, in the order a job can be lost:
 - `take_back_own`: at start, entries still pending under this worker's id (an earlier process
   with the same id died, or Redis was lost): nobody else claims them while this id heartbeats.
+- `take_back_lost`: on the claim timer, entries pending under this id that this process never
+  received (Redis delivered them to a dead connection with our name after the take-back).
 - orphans: entries pending under a consumer whose heartbeat is gone (XPENDING + XCLAIM).
 - `rescue_stranded`: decode jobs on the other device class's stream while that class has no
   live decoder at all; a prefill worker that saw no live decoder of the right class (a late
@@ -35,6 +37,7 @@ def on_timers(worker: Worker, now: float) -> None:
         for entry in worker.idle_queues.claim_orphans(live, worker.free_slots()):
             log.warning("claimed orphaned job %s from a dead worker", entry.entry_id)
             worker.accept(entry)
+        take_back_lost(worker)
         rescue_stranded(worker, peers, live)
     if now >= timers["sweep"]:
         timers["sweep"] = now + opts.sweep_s
@@ -61,6 +64,20 @@ def take_back_own(worker: Worker) -> None:
     for entry in own:
         log.warning("taking back job %s left pending under our id", entry.entry_id)
         worker.accept(entry)  # decode jobs wait in the backlog for a free slot
+
+
+def take_back_lost(worker: Worker) -> None:
+    """Entries pending under our id that this process never received: Redis handed them to a
+    dead connection of ours (an earlier process with our id, or a connection the network cut)
+    after `take_back_own` ran. Nobody else claims them while we heartbeat."""
+    known = {job.entry.entry_id for job in worker.jobs.values()}
+    queues = [worker.idle_queues] + ([worker.stranded] if worker.stranded is not None else [])
+    for queue in queues:
+        for entry in queue.lost_own(known):
+            log.warning(
+                "taking back job %s pending under our id but never received", entry.entry_id
+            )
+            worker.accept(entry)
 
 
 def rescue_stranded(worker: Worker, peers: list[dict], live: set[str]) -> None:

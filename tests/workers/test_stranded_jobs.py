@@ -91,3 +91,45 @@ def test_a_decoder_leaves_the_other_class_alone_while_it_has_a_live_decoder(redi
     finally:
         stop.set()
         thread.join(10)
+
+
+def test_a_job_redis_gave_to_a_dead_connection_with_our_id_is_taken_back(redis_url, caplog):
+    """The same-id restart stall, made deterministic. Redis records a stream entry as pending
+    under a consumer when it serves that consumer's blocked XREADGROUP, before it writes the
+    reply. A connection with our worker id that is dead but not yet closed (a killed process
+    being torn down; a connection the network cut, kept by the server until TCP gives up) is
+    served like a live one: the job is pending under our id, which heartbeats, so nobody
+    claims it, and the take-back at start has already run. The worker must find it itself."""
+    r = redis.Redis.from_url(redis_url)
+    stop = threading.Event()
+    decoder = _worker(redis_url, "cpu0", {"decode"}, "cpu")
+    prefill = _worker(redis_url, "xpu", {"prefill"}, "gpu")
+    threads = [threading.Thread(target=w.serve, args=(stop, 2.0), daemon=True) for w in (decoder, prefill)]  # fmt: skip
+    threads[0].start()
+    ghost = redis.Redis.from_url(redis_url).connection_pool.get_connection("XREADGROUP")
+    try:
+        assert wait_for(lambda: r.exists(KEYS.worker("cpu0")), 10)
+        # The dead connection: blocked on the decode stream under our id, never read again.
+        stream = KEYS.decode_stream("cpu")
+        ghost.send_command("XREADGROUP", "GROUP", KEYS.prefill_group, "cpu0", "BLOCK", 0, "COUNT", 1, "STREAMS", stream, ">")  # fmt: skip
+        # The live loop re-blocks every 20 ms, behind the ghost: the ghost is served first.
+        time.sleep(0.2)
+        caplog.set_level("WARNING", logger="syshax.workers.upkeep")
+        threads[1].start()
+        rid = uuid.uuid4().hex
+        params = SamplingParams(max_tokens=8, temperature=0.0).to_dict()
+        job = PrefillJob(request_id=rid, prompt_ids=list(range(20, 40)), params=params)
+        r.xadd(KEYS.prefill_stream, {"j": job.pack()})
+        assert wait_for(lambda: [e.finish_reason for e in _events(r, rid)][-1:] == ["length"], 15)
+        evs = _events(r, rid)
+        assert [e.seq for e in evs] == list(range(8)), "every token once, in order"
+        assert [e.token_id for e in evs] == list(range(20, 28))
+        assert [e.worker for e in evs] == ["xpu"] + ["cpu0"] * 7
+        assert "pending under our id but never received" in caplog.text, "the ghost had it"
+        assert wait_for(lambda: r.xlen(stream) == 0, 10), "acked and deleted"
+        assert KVStore(r).stats() == (0, 0), "the KV lease was taken and freed"
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(10)
+        ghost.disconnect()
