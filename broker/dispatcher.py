@@ -3,11 +3,20 @@
 The prefill worker asks right after prefill, with a snapshot of each device class built from
 the workers' heartbeats and the decode streams. The policy, in order:
 
-1. `auto_pd_offload` off, or no live CPU decode worker -> gpu. No live gpu decoder -> cpu.
-2. Capacity: a class whose sequences (running + queued) fill its capacity is skipped while the
-   other has room (the CPU's capacity is also capped by `cpu_max_batch_size` per worker).
-   If both are full, the job queues where it will wait less (the shorter queue per slot).
-3. Speed: among classes with room, estimate when this job would finish on each: its tokens
+0. `decode_device`: `xpu` (what `auto_pd_offload: false` means) or `cpu` force a class while
+   it has a live decoder; `auto` applies the rules below.
+1. No live CPU decode worker -> gpu. No live gpu decoder -> cpu.
+2. With an inter-token-latency SLO (`slo_itl_s`): the xPU takes the job while it has room and
+   its predicted inter-token latency with one more stream stays within the SLO; else the CPU
+   takes it if it has room and its prediction stays within the SLO; else it queues on the
+   xPU's stream (its worker takes jobs only as slots free up), so no CPU stream passes the SLO.
+   A prediction is the class's fitted step time (`base + rows * per_row`, from each worker's
+   recent steps) at the rows one of its workers would run with one more stream; a class with
+   no measurement yet is trusted with the job (its first steps measure it).
+3. Without an SLO, capacity: a class whose sequences (running + queued) fill its capacity is
+   skipped while the other has room (the CPU's capacity is also capped by
+   `cpu_max_batch_size` per worker). If both are full, the job queues where it will wait less.
+4. Speed: among classes with room, estimate when this job would finish on each: its tokens
    at the per-sequence speed the class would have with one more sequence. The CPU gets the
    job only if it would not finish later than on the xPU, so a slow CPU never becomes the
    tail of a burst. Without measurements yet, speeds count as equal.
@@ -15,9 +24,11 @@ the workers' heartbeats and the decode streams. The policy, in order:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 GPU, CPU = "gpu", "cpu"
+DECODE_DEVICES = ("auto", "xpu", "cpu")
 
 
 @dataclass
@@ -29,6 +40,9 @@ class DeviceLoad:
     running: int = 0
     queued: int = 0  # decode jobs waiting in the class's stream
     decode_tps: float = 0.0  # measured total decode tokens/s at the current batch (0 = unknown)
+    # Step time of one worker: base + rows * per_row seconds (None = not measured yet); with
+    # several workers, the slowest one's (a stream may land on any of them).
+    step_model: tuple[float, float] | None = None
 
     @property
     def load(self) -> int:
@@ -36,6 +50,15 @@ class DeviceLoad:
 
     def has_room(self) -> bool:
         return self.workers > 0 and self.load < self.capacity
+
+    def predicted_itl(self, extra: int = 1) -> float | None:
+        """Seconds between tokens a stream would see with `extra` more streams here (None =
+        no measurement): the streams spread over the workers, each worker steps its share."""
+        if self.step_model is None:
+            return None
+        rows = math.ceil((self.load + extra) / max(self.workers, 1))
+        base, per_row = self.step_model
+        return base + per_row * rows
 
     def per_sequence_tps(self) -> float:
         """Tokens/s one more sequence would get on this class (0 = unknown).
@@ -60,6 +83,8 @@ class Decision:
 class Dispatcher:
     auto_pd_offload: bool = True
     cpu_max_batch_size: int = 8
+    decode_device: str = "auto"  # auto | xpu | cpu (xpu = auto_pd_offload off)
+    slo_itl_s: float | None = None  # inter-token latency SLO in seconds; None = no SLO rule
     # The CPU must be at least this close to the xPU's estimated finish time (1.0 = not later).
     cpu_tail_tolerance: float = 1.0
     history: list[Decision] = field(default_factory=list)
@@ -71,16 +96,20 @@ class Dispatcher:
 
     def _cap_cpu(self, cpu: DeviceLoad) -> DeviceLoad:
         cap = min(cpu.capacity, self.cpu_max_batch_size * max(cpu.workers, 1))
-        return DeviceLoad(cpu.workers, cap, cpu.running, cpu.queued, cpu.decode_tps)
+        return DeviceLoad(cpu.workers, cap, cpu.running, cpu.queued, cpu.decode_tps, cpu.step_model)
 
     def _choose(self, gpu: DeviceLoad, cpu: DeviceLoad, tokens: int) -> Decision:
-        if not self.auto_pd_offload:
-            return Decision(GPU, "auto_pd_offload is off")
+        if not self.auto_pd_offload or self.decode_device == "xpu":
+            return Decision(GPU, "decode_device is xpu")
         if cpu.workers == 0:
             return Decision(GPU, "no CPU decode worker")
+        if self.decode_device == "cpu":
+            return Decision(CPU, "decode_device is cpu")
         if gpu.workers == 0:
             return Decision(CPU, "no xPU decode worker")
         gpu_room, cpu_room = gpu.has_room(), cpu.has_room()
+        if self.slo_itl_s is not None:
+            return self._by_slo(gpu, cpu, gpu_room, cpu_room)
         if not cpu_room and not gpu_room:
             # Both full: queue where the wait per slot is shorter.
             gpu_wait = gpu.load / max(gpu.capacity, 1)
@@ -102,3 +131,21 @@ class Dispatcher:
         if cpu.load / cpu.capacity < gpu.load / gpu.capacity:
             return Decision(CPU, "CPU less loaded (no speed measured yet)")
         return Decision(GPU, "xPU less loaded (no speed measured yet)")
+
+    def _by_slo(self, gpu: DeviceLoad, cpu: DeviceLoad, gpu_room: bool, cpu_room: bool) -> Decision:
+        """Rule 2: the xPU first while it keeps the SLO, then the CPU while it keeps it."""
+        slo_ms = self.slo_itl_s * 1e3
+        gpu_itl, cpu_itl = gpu.predicted_itl(), cpu.predicted_itl()
+        if gpu_room and (gpu_itl is None or gpu_itl <= self.slo_itl_s):
+            return Decision(GPU, f"xPU within the SLO ({_ms(gpu_itl)} <= {slo_ms:.0f} ms)")
+        if cpu_room and (cpu_itl is None or cpu_itl <= self.slo_itl_s):
+            return Decision(CPU, f"CPU within the SLO ({_ms(cpu_itl)} <= {slo_ms:.0f} ms)")
+        # Neither keeps the SLO with one more stream (or has room): the job waits on the xPU's
+        # stream, which its worker takes from only as slots free up. Queued on the CPU it would
+        # start there as soon as the CPU had a slot, past the SLO.
+        why = f"xPU {_ms(gpu_itl)}, CPU {_ms(cpu_itl)} vs SLO {slo_ms:.0f} ms"
+        return Decision(GPU, f"queued on the xPU: no class keeps the SLO with one more ({why})")
+
+
+def _ms(seconds: float | None) -> str:
+    return "unmeasured" if seconds is None else f"{seconds * 1e3:.0f} ms"

@@ -352,6 +352,10 @@ def device_loads(r: redis.Redis, workers: list[dict[str, str]], keys: Keys = KEY
         load.capacity += int(w.get("capacity", 0))
         load.running += int(w.get("running", 0)) + int(w.get("waiting", 0))
         load.decode_tps += float(w.get("decode_tps", 0.0))
+        if "step_base_ms" in w:
+            model = (float(w["step_base_ms"]) / 1e3, float(w.get("step_row_ms", 0.0)) / 1e3)
+            # The slowest worker's curve: a new stream may land on any of them.
+            load.step_model = max(load.step_model or model, model, key=lambda m: m[0] + m[1])
     pipe = r.pipeline()
     for cls in loads:
         stream = keys.decode_stream(cls)

@@ -34,6 +34,9 @@ class EngineStats:
     decode_seconds: float = 0.0
     decode_steps: int = 0
     recent: deque = field(default_factory=lambda: deque(maxlen=64))  # (tokens, seconds) per step
+    # (rows, seconds) of the last steps with decode rows: the inter-token latency a running
+    # stream sees is the whole step's time, prompt chunks included.
+    steps: deque = field(default_factory=lambda: deque(maxlen=128))
 
     @property
     def prefill_tps(self) -> float:
@@ -62,3 +65,24 @@ class EngineStats:
             self.decode_seconds += share
             self.decode_steps += 1
             self.recent.append((decode_rows, share))
+            self.steps.append((rows, seconds))
+
+    def step_time_model(self) -> tuple[float, float] | None:
+        """(base seconds, seconds per row) of a step, fitted to the recent steps: the inter-token
+        latency a batch of n streams gets is base + n * per_row (None before any decode step).
+
+        Least squares when at least two batch sizes were seen. With one size b, half of the
+        measured step is assumed to grow with the rows (per_row = step / 2b): between a GPU's
+        nearly flat curve and a CPU's nearly proportional one, so the first prediction for
+        one more stream is neither far too low nor far too high."""
+        if not self.steps:
+            return None
+        n = len(self.steps)
+        mean_x = sum(r for r, _ in self.steps) / n
+        mean_y = sum(s for _, s in self.steps) / n
+        var = sum((r - mean_x) ** 2 for r, _ in self.steps)
+        if var > 0:
+            slope = sum((r - mean_x) * (s - mean_y) for r, s in self.steps) / var
+            slope = max(slope, 0.0)  # noise can tilt it below zero: a step never gets cheaper
+            return max(mean_y - slope * mean_x, 0.0), slope
+        return mean_y / 2, mean_y / (2 * mean_x)

@@ -1,0 +1,84 @@
+"""Dispatcher policy with an inter-token-latency SLO: the xPU first while it keeps the SLO, the
+CPU only while its predicted latency with one more stream stays within it, the rest queues."""
+
+from syshax.broker.dispatcher import CPU, GPU, DeviceLoad, Dispatcher
+from syshax.workers.engine.outputs import EngineStats
+
+# A CPU worker stepping n streams in 20 + 10 n ms; an xPU in 15 + 0.2 n ms.
+CPU_STEPS = (0.020, 0.010)
+GPU_STEPS = (0.015, 0.0002)
+
+
+def slo(ms: float, **kw) -> Dispatcher:
+    return Dispatcher(cpu_max_batch_size=8, slo_itl_s=ms / 1e3, **kw)
+
+
+def test_predicted_itl_counts_the_new_stream_and_spreads_over_workers():
+    cpu = DeviceLoad(workers=1, capacity=8, running=2, step_model=CPU_STEPS)
+    assert abs(cpu.predicted_itl() - 0.050) < 1e-12  # 3 streams: 20 + 30 ms
+    two = DeviceLoad(workers=2, capacity=16, running=4, queued=1, step_model=CPU_STEPS)
+    assert abs(two.predicted_itl() - 0.050) < 1e-12  # 6 streams on 2 workers: 3 each
+    assert DeviceLoad(workers=1, capacity=8).predicted_itl() is None
+
+
+def test_the_xpu_takes_work_while_it_keeps_the_slo():
+    d = slo(50)
+    gpu = DeviceLoad(workers=1, capacity=64, running=10, step_model=GPU_STEPS)
+    cpu = DeviceLoad(workers=1, capacity=8, running=0, step_model=CPU_STEPS)
+    decision = d.choose(gpu, cpu, 100)
+    assert decision.device == GPU and "xPU within the SLO" in decision.reason
+
+
+def test_the_cpu_takes_overflow_only_within_the_slo():
+    d = slo(50)
+    gpu = DeviceLoad(workers=1, capacity=16, running=16, step_model=GPU_STEPS)  # full
+    cpu = DeviceLoad(workers=1, capacity=8, running=2, step_model=CPU_STEPS)  # 50 ms with one more
+    decision = d.choose(gpu, cpu, 100)
+    assert decision.device == CPU and "CPU within the SLO (50 ms <= 50 ms)" in decision.reason
+    cpu.running = 3  # 60 ms with one more: over the SLO although the CPU has room (8 slots)
+    decision = d.choose(gpu, cpu, 100)
+    assert decision.device == GPU and "queued on the xPU" in decision.reason
+
+
+def test_a_burst_fills_the_cpu_exactly_up_to_the_slo():
+    d = slo(50)
+    gpu = DeviceLoad(workers=1, capacity=32, running=0, step_model=(0.030, 0.001))  # 50 ms at 20
+    cpu = DeviceLoad(workers=1, capacity=8, running=0, step_model=CPU_STEPS)
+    for _ in range(40):
+        target = gpu if d.choose(gpu, cpu, 64).device == GPU else cpu
+        target.queued += 1
+    assert cpu.load == 3, "20 + 10 * 3 = 50 ms: a fourth stream would pass the SLO"
+    assert gpu.load == 37, "20 within its SLO, then the rest queues on the xPU"
+
+
+def test_an_unmeasured_class_is_trusted_with_its_first_streams():
+    d = slo(50)
+    gpu = DeviceLoad(workers=1, capacity=4, running=4, step_model=GPU_STEPS)  # full
+    cpu = DeviceLoad(workers=1, capacity=8, running=0)  # not measured yet
+    assert d.choose(gpu, cpu, 10).device == CPU
+
+
+def test_decode_device_forces_a_class_while_it_has_a_decoder():
+    gpu = DeviceLoad(workers=1, capacity=64, running=0, step_model=GPU_STEPS)
+    cpu = DeviceLoad(workers=1, capacity=8, running=8, step_model=CPU_STEPS)  # full, over SLO
+    assert slo(50, decode_device="cpu").choose(gpu, cpu, 10).device == CPU
+    gpu.running = 64
+    assert slo(50, decode_device="xpu").choose(gpu, cpu, 10).device == GPU
+    none = DeviceLoad()
+    assert Dispatcher(decode_device="cpu").choose(gpu, none, 10).device == GPU
+
+
+def test_step_time_model_fits_the_steps_an_engine_ran():
+    stats = EngineStats()
+    assert stats.step_time_model() is None
+    for rows in (1, 2, 4, 8, 4, 2):
+        stats.record(0, rows, 0.020 + 0.010 * rows)
+    base, per_row = stats.step_time_model()
+    assert abs(base - 0.020) < 1e-9 and abs(per_row - 0.010) < 1e-9
+    one = EngineStats()
+    for _ in range(3):
+        one.record(0, 4, 0.040)
+    assert one.step_time_model() == (0.020, 0.005), "one batch size: half the step per row"
+    prefill_only = EngineStats()
+    prefill_only.record(32, 0, 0.5)
+    assert prefill_only.step_time_model() is None, "no decode rows: no inter-token latency"
