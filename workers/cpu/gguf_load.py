@@ -60,7 +60,7 @@ def _linear(parts: list[tuple[int, torch.Tensor]], cols: int, bias, nrc: int) ->
         for (q, d), r in zip(parts, rows, strict=True)
     ]
     offsets = [sum(sizes[:i]) for i in range(len(parts))]
-    buf = torch.empty(sum(sizes), dtype=torch.uint8)
+    buf = lib.weight_buffer(sum(sizes))
     for (qtype, data), r, off, size in zip(parts, rows, offsets, sizes, strict=True):
         dest = buf[off : off + size]
         if qtype == lib.F32:

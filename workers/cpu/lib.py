@@ -254,6 +254,36 @@ def quantize_act(
     return blocks, scales, sums
 
 
+HUGE_PAGE = 2 << 20
+_MADV_HUGEPAGE = 14  # Linux
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL | None:
+    try:
+        return ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
+
+
+def weight_buffer(nbytes: int) -> torch.Tensor:
+    """An uninitialised uint8 buffer for packed weights, backed by transparent huge pages where
+    the kernel allows them (THP `madvise` mode is common): 2 MiB aligned and advised before the
+    pack threads first-touch it. A batch-1 decode step streams every weight once; on 4 KiB
+    pages a 1B model is ~150k pages and as many TLB misses per token. Measured on the 1B Q4_0
+    shape (2-core VM, alternating runs): batch 1 ~39 -> ~42 tok/s, batch 4 unchanged; the load
+    takes ~0.4 s longer on a VM whose fresh guest memory costs host faults on first touch.
+    Without THP (or off Linux) it is an ordinary buffer."""
+    libc = _libc()
+    if nbytes < HUGE_PAGE or libc is None:
+        return torch.empty(nbytes, dtype=torch.uint8)
+    raw = torch.empty(nbytes + HUGE_PAGE, dtype=torch.uint8)
+    start = -raw.data_ptr() % HUGE_PAGE
+    length = nbytes // HUGE_PAGE * HUGE_PAGE
+    libc.madvise(c_void_p(raw.data_ptr() + start), ctypes.c_size_t(length), _MADV_HUGEPAGE)
+    return raw[start : start + nbytes]  # the view keeps the whole allocation alive
+
+
 def packed_bytes(qtype: int, rows: int, cols: int) -> int:
     """Bytes of a `rows` x `cols` matrix of `qtype` in the kernels' packed layout."""
     return int(load().sx_packed_bytes(qtype, rows, cols))

@@ -160,3 +160,20 @@ def test_rmsnorm_and_softmax_match_torch():
         ref = torch.softmax(s, 0)
         lib.load().sx_softmax_inplace(lib.ptr(s), n)
         torch.testing.assert_close(s, ref, rtol=2e-6, atol=1e-7)
+
+
+def test_packed_weights_sit_in_huge_page_aligned_buffers_and_pack_the_same():
+    """Large packed matrices go into 2 MiB aligned buffers advised for transparent huge pages
+    (fewer TLB misses when a decode step streams them); the packed bytes do not change."""
+    rows, cols = 8192, 512  # 2.25 MiB of Q4_0 blocks packed: over one huge page
+    blocks = torch.randint(0, 256, (rows, lib.row_bytes(lib.Q4_0, cols)), dtype=torch.uint8)
+    size = lib.packed_bytes(lib.Q4_0, rows, cols)
+    assert size >= lib.HUGE_PAGE
+    buf = lib.weight_buffer(size)
+    assert buf.numel() == size and buf.dtype == torch.uint8
+    assert buf.data_ptr() % lib.HUGE_PAGE == 0
+    plain = lib.pack(blocks, lib.Q4_0, rows, cols, 2, out=torch.empty(size, dtype=torch.uint8))
+    assert torch.equal(lib.pack(blocks, lib.Q4_0, rows, cols, 2, out=buf), plain)
+    assert torch.equal(lib.pack(blocks, lib.Q4_0, rows, cols, 2), plain)  # default buffer
+    small = lib.weight_buffer(100)
+    assert small.numel() == 100
