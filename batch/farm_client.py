@@ -85,16 +85,8 @@ def endpoint_kind(url: str) -> str:
 
 
 def settings_from_config(cfg: Any, redis_url: str | None = None) -> GatewaySettings:
-    """The gateway's settings for a `Config` (the keys the gateway would read)."""
-    return GatewaySettings(
-        model=cfg.model,
-        served_model_name=cfg.served_model_name,
-        max_model_len=cfg.max_model_len,
-        request_timeout=float(cfg.request_timeout),
-        output_ttl=cfg.output.ttl,
-        redis_url=redis_url or cfg.redis.url or "",
-        key_prefix=cfg.redis.prefix,
-    )
+    """The gateway's settings for a `Config` (`GatewaySettings.from_config`)."""
+    return GatewaySettings.from_config(cfg, redis_url)
 
 
 class FarmClient:

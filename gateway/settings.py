@@ -1,4 +1,4 @@
-"""What the gateway needs to know, in one small dataclass (built from the farm's Config)."""
+"""What the gateway needs to know, in one small dataclass (`GatewaySettings.from_config`)."""
 
 from __future__ import annotations
 
@@ -6,30 +6,54 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from syshax.shared.config import derive_model_name
+from syshax.shared.config import Config, derive_model_name
 from syshax.shared.models import GGUF_MAGIC, default_model_path, read_gguf_metadata
 
-DEFAULT_MAX_MODEL_LEN = 2048  # when neither the settings nor the model say less
+# The defaults this dataclass shares with the farm's Config are read from it, so a bare
+# GatewaySettings() (tests, library use) and `syshax gateway` with no config file agree.
+_CFG = Config()
+DEFAULT_MAX_MODEL_LEN = _CFG.max_model_len  # when neither the settings nor the model say less
 
 
 @dataclass
 class GatewaySettings:
-    model: str = "default"  # HF model folder or .gguf file; "default" = SmolLM2-135M-Instruct
+    model: str = _CFG.model  # HF model folder or .gguf file; "default" = SmolLM2-135M-Instruct
     served_model_name: str | None = None  # the `model` clients send; None = from the model path
-    max_model_len: int | None = None  # None = min(model's context length, 2048)
-    request_timeout: float = 600.0  # seconds a request may take, queueing included
-    max_queue_depth: int = 256  # prefill jobs waiting; more -> 429
-    output_ttl: int = 600  # seconds a request's output stream is kept (resume window)
+    # None = min(model's context length, DEFAULT_MAX_MODEL_LEN); the Config always sets a number
+    max_model_len: int | None = None
+    request_timeout: float = float(_CFG.request_timeout)  # seconds, queueing included
+    max_queue_depth: int = _CFG.queue.max_depth  # prefill jobs waiting; more -> 429
+    output_ttl: int = _CFG.output.ttl  # seconds a request's output stream is kept (resume)
     api_keys: list[str] = field(default_factory=list)  # empty = no authentication
+    # The Config's null redis.url means "the embedded Redis `syshax run` starts", which only the
+    # farm file can name; a bare GatewaySettings talks to a local Redis instead.
     redis_url: str = "redis://127.0.0.1:6379/0"
-    key_prefix: str = "syshax"
-    host: str = "127.0.0.1"
-    port: int = 8000
+    key_prefix: str = _CFG.redis.prefix
+    host: str = _CFG.conductor.host
+    port: int = _CFG.conductor.port
     poll_interval: float = 0.5  # seconds of pub/sub silence before reading the output stream
     disconnect_grace: float = 0.5  # seconds a dropped stream waits for a resume before cancel
     shutdown_timeout: float = 30.0  # seconds open streams get to finish on SIGTERM
     retry_after: int = 1  # seconds, for 429/503 responses
     max_body_bytes: int = 10 * 2**20  # larger request bodies get 413 (0 = no limit)
+
+    @classmethod
+    def from_config(cls, cfg: Config, redis_url: str | None = None) -> GatewaySettings:
+        """The gateway's settings for a farm Config: every key the gateway reads. redis_url
+        overrides redis.url; "" when neither is set (the caller looks up the farm file)."""
+        return cls(
+            model=cfg.model,
+            served_model_name=cfg.served_model_name,
+            max_model_len=cfg.max_model_len,
+            request_timeout=float(cfg.request_timeout),
+            max_queue_depth=cfg.queue.max_depth,
+            output_ttl=cfg.output.ttl,
+            api_keys=list(cfg.api_keys),
+            redis_url=redis_url or cfg.redis.url or "",
+            key_prefix=cfg.redis.prefix,
+            host=cfg.conductor.host,
+            port=cfg.conductor.port,
+        )
 
     def model_path(self) -> Path:
         return default_model_path() if self.model in ("", "default") else Path(self.model)

@@ -88,26 +88,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def settings_from_args(args: argparse.Namespace):
+    import dataclasses
+
     from syshax.gateway.settings import GatewaySettings
     from syshax.shared.config import load_config
 
-    cfg = load_config(args.config)
-
-    def pick(flag, value):
-        return value if flag is None else flag
-
-    return GatewaySettings(
-        model=pick(args.model, cfg.model),
-        served_model_name=pick(args.served_model_name, cfg.served_model_name),
-        max_model_len=pick(args.max_model_len, cfg.max_model_len),
-        request_timeout=float(pick(args.request_timeout, cfg.request_timeout)),
-        max_queue_depth=pick(args.max_queue_depth, cfg.queue.max_depth),
-        output_ttl=pick(args.output_ttl, cfg.output.ttl),
-        api_keys=pick(args.api_key, list(cfg.api_keys)),
-        redis_url=pick(args.redis_url, cfg.redis.url) or "",
-        key_prefix=pick(args.key_prefix, cfg.redis.prefix),
-        host=pick(args.host, cfg.conductor.host),
-        port=pick(args.port, cfg.conductor.port),
+    settings = GatewaySettings.from_config(load_config(args.config), redis_url=args.redis_url)
+    flags = {
+        "model": args.model,
+        "served_model_name": args.served_model_name,
+        "max_model_len": args.max_model_len,
+        "request_timeout": args.request_timeout,
+        "max_queue_depth": args.max_queue_depth,
+        "output_ttl": args.output_ttl,
+        "api_keys": args.api_key,
+        "key_prefix": args.key_prefix,
+        "host": args.host,
+        "port": args.port,
+    }
+    return dataclasses.replace(
+        settings,
+        **{name: value for name, value in flags.items() if value is not None},
         disconnect_grace=args.disconnect_grace,
         shutdown_timeout=args.shutdown_timeout,
         max_body_bytes=args.max_body_bytes,
@@ -116,7 +117,6 @@ def settings_from_args(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     from syshax.gateway.server import serve
-    from syshax.shared import env
     from syshax.shared.config import ConfigError
     from syshax.shared.tokenizer import TokenizerError
 
@@ -133,7 +133,12 @@ def run(args: argparse.Namespace) -> int:
             from syshax.shared.farm_file import NO_FARM
 
             raise ValueError(NO_FARM)
-        serve(settings, log_level=args.log_level or ("debug" if env.debug() else "info"))
+        from syshax.shared.config import load_config
+        from syshax.shared.logs import apply_log_level
+
+        # --log-level wins; else the config's log_level (DEBUG=1 forces debug).
+        level = apply_log_level(args.log_level or load_config(args.config).log_level)
+        serve(settings, log_level=level)
     except KeyboardInterrupt:  # uvicorn re-raises SIGINT after its graceful shutdown
         return 0
     except (ConfigError, TokenizerError, FileNotFoundError, ValueError) as exc:

