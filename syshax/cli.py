@@ -46,17 +46,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from syshax.shared import env
+    from syshax.shared import env, logs
 
     try:
-        debug = env.debug()
+        level = logs.start_level()
     except env.EnvError as exc:  # a clear message, not a traceback from every command
         print(f"syshax: error: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=logging.DEBUG if debug else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    logging.basicConfig(level=level, format=logs.FORMAT)
     args = build_parser().parse_args(argv)
     return importlib.import_module(args._module).run(args)
 

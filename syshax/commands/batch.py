@@ -270,15 +270,18 @@ ACTIONS = {
 
 # ---- the worker ------------------------------------------------------------------------------
 def _worker(args, cfg, url: str, keys) -> int:
-    import multiprocessing
-
     import redis
+
+    from syshax.shared.logs import apply_log_level
+
+    apply_log_level(cfg.log_level)
     from rq import Queue
     from rq.registry import clean_registries
     from rq.scheduler import RQScheduler
 
     from syshax.batch import jobs as batch
     from syshax.batch.farm_client import FarmClient, settings_from_config
+    from syshax.commands.supervisor import Child, Supervisor
 
     if args.concurrency < 1:
         raise ValueError("--concurrency must be at least 1")
@@ -287,48 +290,51 @@ def _worker(args, cfg, url: str, keys) -> int:
     r = redis.Redis.from_url(url)
     queue = Queue(keys.batch_queue, connection=r)
     scheduler = RQScheduler([queue], connection=r, logging_level=logging.WARNING)
-    ctx = multiprocessing.get_context("fork")
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    procs: list[Any] = [None] * args.concurrency
-    finished = [False] * args.concurrency  # burst mode: exited after emptying the queue
-    backoff = [0.0] * args.concurrency
+    # SIGTERM = rq's warm shutdown (finish the running job); after --drain-timeout a second
+    # SIGTERM = cold shutdown (the horse is killed and its job retried later); SIGKILL 10 s on.
+    steps = ((signal.SIGTERM, args.drain_timeout), (signal.SIGTERM, 10.0))
+    workers = [
+        Child(
+            f"rq-worker-{i}",
+            target=_work,
+            args=(url, keys.batch_queue, args),
+            stop_steps=steps,
+            restart_on_success=not args.burst,  # burst: exit 0 = the queue is empty
+        )
+        for i in range(args.concurrency)
+    ]
+    supervisor = Supervisor(workers, logger=log, context="fork")  # the workers inherit the client
     next_clean = 0.0
+
+    def maintain() -> None:
+        nonlocal next_clean
+        try:
+            scheduler.acquire_locks()  # retries wait in rq's scheduled registry
+            if scheduler.acquired_locks:
+                scheduler.enqueue_scheduled_jobs()
+            if time.monotonic() >= next_clean:  # jobs of dead workers -> Retry
+                next_clean = time.monotonic() + args.maintenance_interval
+                if queue.acquire_maintenance_lock():
+                    try:
+                        clean_registries(queue)
+                    finally:
+                        queue.release_maintenance_lock()
+        except redis.RedisError as exc:  # Redis restarting: the rq workers wait too
+            log.warning("Redis unavailable (%s); retrying", exc)
+
     print(
         f"batch worker: {args.concurrency} rq worker(s) on queue {keys.batch_queue}",
         file=sys.stderr,
         flush=True,
     )
     try:
-        while not stop.is_set() and not all(finished):
-            for i, p in enumerate(procs):
-                if p is not None and not p.is_alive():
-                    if args.burst and p.exitcode == 0:
-                        finished[i] = True
-                    else:
-                        log.error("batch worker %d exited with %s; restarting", i, p.exitcode)
-                        backoff[i] = time.monotonic() + 1.0
-                    procs[i] = None
-                if procs[i] is None and not finished[i] and time.monotonic() >= backoff[i]:
-                    procs[i] = ctx.Process(target=_work, args=(url, keys.batch_queue, args))
-                    procs[i].start()
-            try:
-                scheduler.acquire_locks()  # retries wait in rq's scheduled registry
-                if scheduler.acquired_locks:
-                    scheduler.enqueue_scheduled_jobs()
-                if time.monotonic() >= next_clean:  # jobs of dead workers -> Retry
-                    next_clean = time.monotonic() + args.maintenance_interval
-                    if queue.acquire_maintenance_lock():
-                        try:
-                            clean_registries(queue)
-                        finally:
-                            queue.release_maintenance_lock()
-            except redis.RedisError as exc:  # Redis restarting: the rq workers wait too
-                log.warning("Redis unavailable (%s); retrying", exc)
-            stop.wait(0.5)
+        supervisor.start()
+        supervisor.run(stop, tick=maintain)
     finally:
-        _stop_workers([p for p in procs if p is not None], args.drain_timeout)
+        supervisor.stop()
         if scheduler.acquired_locks:
             scheduler.release_locks()
     return 0
@@ -351,21 +357,3 @@ def _work(url: str, queue_name: str, args: argparse.Namespace) -> None:
     )
     w.abandon_after = args.abandon_after
     w.work(burst=args.burst, logging_level="DEBUG" if env.debug() else "WARNING")
-
-
-def _stop_workers(procs: list[Any], drain_timeout: float) -> None:
-    """SIGTERM = rq's warm shutdown (finish the running job); after drain_timeout a second
-    SIGTERM = cold shutdown (the horse is killed and its job retried later)."""
-    for p in procs:
-        if p.is_alive():
-            os.kill(p.pid, signal.SIGTERM)
-    end = time.monotonic() + drain_timeout
-    for p in procs:
-        p.join(max(0.0, end - time.monotonic()))
-    for p in procs:
-        if p.is_alive():
-            os.kill(p.pid, signal.SIGTERM)
-            p.join(10)
-        if p.is_alive():
-            p.kill()
-            p.join()

@@ -21,13 +21,16 @@ import argparse
 import logging
 import os
 import signal
-import subprocess
 import sys
 import threading
-import time
-from dataclasses import dataclass, field
+
+from syshax.commands.supervisor import Child, Supervisor
 
 log = logging.getLogger("syshax.run")
+
+# Stop order and patience: the gateway first (no new requests), then the workers (they drain).
+GATEWAY_STOP = ((signal.SIGTERM, 15.0),)
+WORKER_STOP = ((signal.SIGTERM, 40.0),)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -50,21 +53,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "1 with an accelerator, 0 without: one worker with both roles on every core)",
     )
     p.add_argument("--no-gateway", action="store_true", help="start only Redis and the workers")
-
-
-@dataclass
-class Child:
-    name: str
-    argv: list[str]
-    proc: subprocess.Popen | None = None
-    restarts: int = 0
-    next_start: float = 0.0
-    started_at: float = field(default=0.0)
-
-    def start(self, env: dict) -> None:
-        self.proc = subprocess.Popen(self.argv, env=env)
-        self.started_at = time.monotonic()
-        log.warning("started %s (pid %d)", self.name, self.proc.pid)
 
 
 def has_accelerator(device: str) -> bool:
@@ -101,7 +89,7 @@ def _children(args, cfg, config_path: str | None, url: str) -> list[Child]:
         n_cpu,
     )
     workers = [
-        Child(
+        _worker(
             "xpu-worker",
             base
             + [
@@ -119,7 +107,7 @@ def _children(args, cfg, config_path: str | None, url: str) -> list[Child]:
     ]
     for i in range(n_cpu):
         workers.append(
-            Child(
+            _worker(
                 f"cpu-worker-{i}",
                 base
                 + [
@@ -139,9 +127,13 @@ def _children(args, cfg, config_path: str | None, url: str) -> list[Child]:
             )
         )
     # Offline batches (rq jobs on the batch queue) enter the farm through its batch stream.
-    workers.append(Child("batch-worker", base + ["batch", "worker"] + common))
-    gateway = [] if args.no_gateway else [Child("gateway", base + ["gateway"] + common)]
-    return gateway + workers
+    workers.append(_worker("batch-worker", base + ["batch", "worker"] + common))
+    gateway = [Child("gateway", base + ["gateway"] + common, stop_steps=GATEWAY_STOP)]
+    return ([] if args.no_gateway else gateway) + workers
+
+
+def _worker(name: str, argv: list[str]) -> Child:
+    return Child(name, argv, stage=1, stop_steps=WORKER_STOP)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -153,6 +145,9 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"syshax run: {exc}", file=sys.stderr)
         return 2
+    from syshax.shared.logs import apply_log_level
+
+    apply_log_level(cfg.log_level)
     embedded = None
     url = cfg.redis.url
     if not url:
@@ -176,54 +171,18 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    env = dict(os.environ)
+    supervisor = Supervisor(children, env=dict(os.environ), logger=log, start_level=logging.WARNING)
     print(
         f"sysHAX farm: gateway on http://{cfg.conductor.host}:{cfg.conductor.port}/v1 "
         f"(model loading takes a few seconds; Ctrl-C stops everything)",
         flush=True,
     )
     try:
-        for c in children:
-            c.start(env)
-        _supervise(children, env, stop)
+        supervisor.start()
+        supervisor.run(stop)
     finally:
-        _shutdown(children)
+        supervisor.stop()
         farm_file.remove(published)
         if embedded is not None:
             embedded.stop()
     return 0
-
-
-def _supervise(children: list[Child], env: dict, stop: threading.Event) -> None:
-    while not stop.wait(0.5):
-        now = time.monotonic()
-        for c in children:
-            if c.proc is not None and c.proc.poll() is not None:
-                code = c.proc.returncode
-                # A child that ran a while earns a fresh backoff; one that dies at once backs off.
-                if now - c.started_at > 60:
-                    c.restarts = 0
-                delay = min(2**c.restarts, 30)
-                log.error("%s exited with %s; restarting in %ds", c.name, code, delay)
-                c.proc, c.next_start = None, now + delay
-                c.restarts += 1
-            if c.proc is None and now >= c.next_start:
-                c.start(env)
-
-
-def _shutdown(children: list[Child]) -> None:
-    gateway = [c for c in children if c.name == "gateway"]
-    workers = [c for c in children if c.name != "gateway"]
-    for group, timeout in ((gateway, 15), (workers, 40)):
-        for c in group:
-            if c.proc is not None and c.proc.poll() is None:
-                c.proc.send_signal(signal.SIGTERM)
-        for c in group:
-            if c.proc is None:
-                continue
-            try:
-                c.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                log.error("%s did not stop in %ds; killing it", c.name, timeout)
-                c.proc.kill()
-                c.proc.wait()

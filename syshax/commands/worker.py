@@ -173,6 +173,9 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         log.error("%s", exc)
         return 2
+    from syshax.shared.logs import apply_log_level
+
+    apply_log_level(cfg.log_level)
     roles = frozenset(r.strip() for r in args.roles.split(",") if r.strip())
     if not roles or not roles <= {"prefill", "decode"}:
         log.error("--roles must be a comma list of prefill, decode; got %r", args.roles)
