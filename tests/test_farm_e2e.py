@@ -4,124 +4,47 @@ so every request here crosses processes through a KV handoff."""
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
 import pytest
-import redis
-from syshax.broker.embedded import free_port
 from syshax.broker.keys import KEYS
 from syshax.broker.kv_store import KVStore
-from syshax.broker.schemas import TokenEvent
-from syshax.shared.config import Config, save_config
 
-openai = pytest.importorskip("openai")
+from .farm_procs import ProcFarm
 
 MODEL = "SmolLM2-135M-Instruct"
 MESSAGES = [{"role": "user", "content": "Name three colours of the rainbow."}]
 MAX_LEN = 512
 
 
-class Farm:
-    def __init__(self, tmp: Path, redis_url: str, cpu_env: dict[str, str] | None = None):
-        cfg = Config()
-        cfg.redis.url = redis_url
-        cfg.conductor.port = free_port()
-        cfg.max_model_len = MAX_LEN
-        cfg.request_timeout = 120
-        cfg.gpu.max_batch_size = 4
-        cfg.cpu_max_batch_size = 4
-        self.config = tmp / "config.yaml"
-        save_config(cfg, self.config)
-        self.base_url = f"http://127.0.0.1:{cfg.conductor.port}/v1"
-        self.r = redis.Redis.from_url(redis_url)
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        cli = [sys.executable, "-m", "syshax.cli"]
-        common = ["--config", str(self.config)]
-        self.procs = {
-            "gateway": subprocess.Popen(cli + ["gateway"] + common, env=env),
-            "xpu": subprocess.Popen(
-                cli
-                + [
-                    "worker",
-                    "--roles",
-                    "prefill",
-                    "--device-class",
-                    "gpu",
-                    "--id",
-                    "xpu",
-                    "--threads",
-                    "1",
-                ]
-                + common,
-                env=env,
-            ),
-            "cpu": subprocess.Popen(
-                cli
-                + [
-                    "worker",
-                    "--roles",
-                    "decode",
-                    "--device",
-                    "cpu",
-                    "--id",
-                    "cpu",
-                    "--threads",
-                    "1",
-                ]
-                + common,
-                env={**env, **(cpu_env or {})},
-            ),
-        }
-        self.client = openai.OpenAI(base_url=self.base_url, api_key="unused", timeout=120)
-
-    def wait_healthy(self, timeout: float = 180) -> None:
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            for name, p in self.procs.items():
-                assert p.poll() is None, f"{name} exited with {p.returncode}"
-            try:
-                if (
-                    httpx.get(self.base_url.removesuffix("/v1") + "/health", timeout=2).status_code
-                    == 200
-                ):
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        raise AssertionError("farm did not become healthy")
-
-    def events(self, request_id: str) -> list[TokenEvent]:
-        return [
-            TokenEvent.unpack(f[b"e"]) for _, f in self.r.xrange(KEYS.output_stream(request_id))
-        ]
-
-    def stop(self) -> None:
-        for p in self.procs.values():
-            if p.poll() is None:
-                p.send_signal(signal.SIGCONT)
-                p.terminate()
-        for p in self.procs.values():
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                p.kill()
+def model_farm(tmp: Path, cpu_env: dict[str, str] | None = None) -> ProcFarm:
+    """A process farm on the real model: an xPU-class worker that only prefills ("xpu") and a
+    CPU worker that only decodes ("cpu", with `cpu_env` added to its environment), one thread
+    each, behind a gateway; started and ready."""
+    farm = ProcFarm(
+        tmp, max_model_len=MAX_LEN, request_timeout=120, gpu_max_batch_size=4, cpu_max_batch_size=4
+    )
+    try:
+        farm.start_gateway()
+        defaults = {"engine": "model", "heartbeat_ttl": None, "drain_timeout": None}
+        farm.start_worker("xpu", "prefill", "gpu", args=("--threads", "1"), **defaults)
+        cpu_args = ("--device", "cpu", "--threads", "1")
+        farm.start_worker("cpu", "decode", "cpu", args=cpu_args, env=cpu_env, **defaults)
+        farm.wait_registered(["xpu", "cpu"], timeout=180)
+        farm.wait_healthy(timeout=180)
+    except BaseException:
+        farm.stop()
+        raise
+    return farm
 
 
 @pytest.fixture(scope="module")
-def farm(tmp_path_factory, redis_server):
-    redis.Redis.from_url(redis_server.url).flushall()
-    f = Farm(tmp_path_factory.mktemp("farm"), redis_server.url)
-    try:
-        f.wait_healthy()
+def farm(tmp_path_factory):
+    with model_farm(tmp_path_factory.mktemp("farm")) as f:
         yield f
-    finally:
-        f.stop()
 
 
 def local_engine(quantize: str = "stored"):
@@ -161,7 +84,7 @@ def reference():
 
 def test_pd_request_equals_single_worker_greedy_run(farm, reference):
     expected_text, expected_ids = reference(MESSAGES, 24)
-    resp = farm.client.chat.completions.create(
+    resp = farm.client(timeout=120).chat.completions.create(
         model=MODEL, messages=MESSAGES, max_tokens=24, temperature=0
     )
     assert resp.choices[0].message.content == expected_text
@@ -181,7 +104,7 @@ def test_first_token_arrives_before_the_decode_worker_takes_the_job(farm, refere
     # fused prefill the handoff can come within those 100 ms.
     time.sleep(0.5)
     try:
-        stream = farm.client.chat.completions.create(
+        stream = farm.client(timeout=120).chat.completions.create(
             model=MODEL, messages=MESSAGES, max_tokens=16, temperature=0, stream=True
         )
         chunks = iter(stream)
@@ -205,7 +128,7 @@ def test_first_token_arrives_before_the_decode_worker_takes_the_job(farm, refere
 
 def test_streaming_usage_and_stop_strings(farm, reference):
     expected_text, expected_ids = reference(MESSAGES, 20)
-    stream = farm.client.chat.completions.create(
+    stream = farm.client(timeout=120).chat.completions.create(
         model=MODEL,
         messages=MESSAGES,
         max_tokens=20,
@@ -218,7 +141,7 @@ def test_streaming_usage_and_stop_strings(farm, reference):
     assert text == expected_text
     assert chunks[-1].usage.completion_tokens == len(expected_ids)
     stop = expected_text[5:9]
-    resp = farm.client.chat.completions.create(
+    resp = farm.client(timeout=120).chat.completions.create(
         model=MODEL, messages=MESSAGES, max_tokens=20, temperature=0, stop=[stop]
     )
     assert resp.choices[0].message.content == expected_text[: expected_text.index(stop)]
@@ -227,8 +150,8 @@ def test_streaming_usage_and_stop_strings(farm, reference):
 
 def test_seeded_sampling_is_reproducible_across_the_farm(farm):
     kw = dict(model=MODEL, messages=MESSAGES, max_tokens=16, temperature=0.9, seed=1234, n=2)
-    a = farm.client.chat.completions.create(**kw)
-    b = farm.client.chat.completions.create(**kw)
+    a = farm.client(timeout=120).chat.completions.create(**kw)
+    b = farm.client(timeout=120).chat.completions.create(**kw)
     assert [c.message.content for c in a.choices] == [c.message.content for c in b.choices]
     assert a.choices[0].message.content != a.choices[1].message.content
 
@@ -236,7 +159,7 @@ def test_seeded_sampling_is_reproducible_across_the_farm(farm):
 def test_client_disconnect_cancels_and_frees_everything(farm):
     with httpx.stream(
         "POST",
-        farm.base_url + "/chat/completions",
+        farm.url() + "/v1/chat/completions",
         json={
             "model": MODEL,
             "messages": MESSAGES,

@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -19,52 +18,26 @@ from rq import Worker
 from rq.job import Job
 from syshax.batch import jobs as batch
 from syshax.batch.farm_client import FarmClient, settings_from_config
-from syshax.broker.dispatcher import Dispatcher
 from syshax.broker.keys import KEYS
 from syshax.broker.schemas import PrefillJob, TokenEvent
 from syshax.shared.config import Config, save_config
-from syshax.shared.models import default_model_path
 from syshax.shared.sampling import SamplingParams
-from syshax.shared.tokenizer import Tokenizer
 
 MODEL = "SmolLM2-135M-Instruct"
 CLI = [sys.executable, "-m", "syshax.cli"]
 
 
-@pytest.fixture(scope="module")
-def tokenizer() -> Tokenizer:
-    return Tokenizer.from_model_path(default_model_path())
-
-
-class Farm:
-    """Two farm workers in threads: xpu (prefill + decode) and cpu0 (decode)."""
-
-    def __init__(self, url: str, tokenizer: Tokenizer, slots: int = 8, step_delay: float = 0.002):
-        from syshax.workers.echo_engine import EchoEngine
-        from syshax.workers.worker import Worker as FarmWorker
-        from syshax.workers.worker import WorkerOptions
-
-        self.stop = threading.Event()
-        self.workers = []
-        for wid, roles, cls in (("xpu", {"prefill", "decode"}, "gpu"), ("cpu0", {"decode"}, "cpu")):
-            opts = WorkerOptions(wid, frozenset(roles), cls, kv_store="redis", block_ms=20)
-            engine = EchoEngine(tokenizer, max_num_seqs=slots, step_delay=step_delay)
-            disp = Dispatcher(auto_pd_offload=True, cpu_max_batch_size=slots)
-            self.workers.append(FarmWorker(engine, redis.Redis.from_url(url), opts, disp))
-        self.threads = [
-            threading.Thread(target=w.serve, args=(self.stop, 2.0), daemon=True)
-            for w in self.workers
-        ]
-
-    def __enter__(self) -> Farm:
-        for t in self.threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop.set()
-        for t in self.threads:
-            t.join(10)
+def echo_farm(thread_farm, slots: int = 8, step_delay: float = 0.002):
+    """The farm the batch jobs reach: two echo workers in threads, xpu (prefill + decode) and
+    cpu0 (decode), on the default keys."""
+    return thread_farm(
+        gateway=False,
+        workers="echo",
+        slots=slots,
+        step_delay=step_delay,
+        detokenize=True,
+        drain=2.0,
+    )
 
 
 @pytest.fixture
@@ -154,11 +127,11 @@ def test_parse_lines_reports_bad_lines_and_keeps_the_others():
 
 
 # ---- the farm client -------------------------------------------------------------------------
-def test_farm_client_answers_like_the_gateway(redis_url, config, tokenizer):
+def test_farm_client_answers_like_the_gateway(redis_url, config, tokenizer, thread_farm):
     from syshax.shared.config import load_config
 
     client = FarmClient.from_settings(settings_from_config(load_config(config)), tokenizer)
-    with Farm(redis_url, tokenizer):
+    with echo_farm(thread_farm):
         body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
         res = client.request("/v1/chat/completions", {**body, "n": 2}, priority=1)
         assert res.status_code == 200, res.body
@@ -177,7 +150,9 @@ def test_farm_client_answers_like_the_gateway(redis_url, config, tokenizer):
     assert long.body["error"]["code"] == "context_length_exceeded"
 
 
-def test_interactive_request_is_served_before_waiting_batch_requests(redis_url, config, tokenizer):
+def test_interactive_request_is_served_before_waiting_batch_requests(
+    redis_url, config, tokenizer, thread_farm
+):
     from syshax.shared.config import load_config
 
     client = FarmClient.from_settings(settings_from_config(load_config(config)), tokenizer)
@@ -191,7 +166,7 @@ def test_interactive_request_is_served_before_waiting_batch_requests(redis_url, 
     params = SamplingParams(max_tokens=3, temperature=0.0).to_dict()
     job = PrefillJob(request_id=rid, prompt_ids=[1, 2, 3], params=params, deadline=time.time() + 60)
     r.xadd(KEYS.prefill_stream, {"j": job.pack()})  # arrives last
-    with Farm(redis_url, tokenizer, slots=4, step_delay=0.01):
+    with echo_farm(thread_farm, slots=4, step_delay=0.01):
         for p in plans:
             client.collect(p, timeout=30)
         deadline = time.monotonic() + 10
@@ -210,7 +185,7 @@ def test_interactive_request_is_served_before_waiting_batch_requests(redis_url, 
 
 # ---- whole batches through rq ----------------------------------------------------------------
 def test_batch_with_bad_lines_gives_every_result_once_in_input_order(
-    redis_url, r, config, tokenizer, tmp_path
+    redis_url, r, config, thread_farm, tmp_path
 ):
     lines = _lines(10)
     ids = [f"req-{i}" for i in range(10)]
@@ -237,7 +212,7 @@ def test_batch_with_bad_lines_gives_every_result_once_in_input_order(
         ids.insert(pos, cid)
     src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     src.write_text("\n".join(lines) + "\n")
-    with Farm(redis_url, tokenizer), BatchWorkers(config):
+    with echo_farm(thread_farm), BatchWorkers(config):
         t0 = time.monotonic()
         sub = subprocess.run(
             CLI + ["batch", "submit", str(src), "--out", str(out), "--config", str(config)],
@@ -276,8 +251,8 @@ def test_batch_with_bad_lines_gives_every_result_once_in_input_order(
     print(f"15-line batch: {elapsed:.1f}s")
 
 
-def _run_batch(redis_url, r, config, tokenizer, n: int, concurrency: int) -> float:
-    with Farm(redis_url, tokenizer, slots=16, step_delay=0.0), BatchWorkers(config, concurrency):
+def _run_batch(redis_url, r, config, thread_farm, n: int, concurrency: int) -> float:
+    with echo_farm(thread_farm, slots=16, step_delay=0.0), BatchWorkers(config, concurrency):
         t0 = time.monotonic()
         bid = batch.submit(r, batch.parse_lines(_lines(n, max_tokens=2)))
         _wait(r, bid, timeout=600)
@@ -291,21 +266,21 @@ def _run_batch(redis_url, r, config, tokenizer, n: int, concurrency: int) -> flo
 
 
 def test_batch_of_200_short_requests_completes_with_every_result_once(
-    redis_url, r, config, tokenizer
+    redis_url, r, config, thread_farm
 ):
-    _run_batch(redis_url, r, config, tokenizer, 200, concurrency=4)
+    _run_batch(redis_url, r, config, thread_farm, 200, concurrency=4)
 
 
 @pytest.mark.slow
 def test_batch_of_1000_short_requests_completes_with_every_result_once(
-    redis_url, r, config, tokenizer
+    redis_url, r, config, thread_farm
 ):
-    _run_batch(redis_url, r, config, tokenizer, 1000, concurrency=4)
+    _run_batch(redis_url, r, config, thread_farm, 1000, concurrency=4)
 
 
-def test_batch_survives_a_killed_rq_worker(redis_url, r, config, tokenizer):
+def test_batch_survives_a_killed_rq_worker(redis_url, r, config, thread_farm):
     n = 24
-    with Farm(redis_url, tokenizer, slots=8, step_delay=0.02), BatchWorkers(config, 2):
+    with echo_farm(thread_farm, slots=8, step_delay=0.02), BatchWorkers(config, 2):
         bid = batch.submit(r, batch.parse_lines(_lines(n, max_tokens=30)))
         victim = None
         end = time.monotonic() + 60
@@ -372,22 +347,9 @@ def test_dashboard_without_redis_url_is_a_clear_error(tmp_path):
     assert res.returncode == 2 and "no Redis URL" in res.stderr
 
 
-def test_syshax_run_starts_one_batch_worker():
-    import argparse
-
-    from syshax.commands.run import _children
-
-    args = argparse.Namespace(engine="echo", cpu_workers=1, no_gateway=False)
-    children = _children(args, Config(), None, "redis://127.0.0.1:1/0")
-    batch_workers = [c for c in children if c.name == "batch-worker"]
-    assert len(batch_workers) == 1
-    assert batch_workers[0].argv[3:5] == ["batch", "worker"]
-    assert "--redis-url" in batch_workers[0].argv
-
-
-def test_cancel_stops_waiting_and_running_requests(redis_url, r, config, tokenizer, tmp_path):
+def test_cancel_stops_waiting_and_running_requests(redis_url, r, config, thread_farm, tmp_path):
     n = 12
-    with Farm(redis_url, tokenizer, slots=4, step_delay=0.02), BatchWorkers(config, 2):
+    with echo_farm(thread_farm, slots=4, step_delay=0.02), BatchWorkers(config, 2):
         bid = batch.submit(r, batch.parse_lines(_lines(n, max_tokens=400)))  # ~8 s each
         end = time.monotonic() + 30
         while batch.status(r, bid)["started"] < 2 and time.monotonic() < end:

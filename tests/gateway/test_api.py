@@ -23,8 +23,8 @@ def sse_events(text: str) -> list[dict[str, str]]:
     return events
 
 
-def test_chat_non_stream_exact(farm, tokenizer):
-    f = farm()
+def test_chat_non_stream_exact(thread_farm, tokenizer):
+    f = thread_farm()
     resp = f.client().chat.completions.create(
         model=f.model, messages=MESSAGES, max_tokens=7, temperature=0
     )
@@ -43,8 +43,8 @@ def test_chat_non_stream_exact(farm, tokenizer):
     assert out.job.deadline > out.job.created
 
 
-def test_defaults_max_tokens_fills_the_context(farm, tokenizer):
-    f = farm(max_model_len=64)
+def test_defaults_max_tokens_fills_the_context(thread_farm, tokenizer):
+    f = thread_farm(max_model_len=64)
     resp = f.client().chat.completions.create(model=f.model, messages=MESSAGES)
     params = f.output(resp.id).job.params
     assert params["max_tokens"] == 64 - len(tokenizer.encode_chat(MESSAGES))
@@ -52,8 +52,8 @@ def test_defaults_max_tokens_fills_the_context(farm, tokenizer):
     assert resp.choices[0].finish_reason == "stop"  # the echo reached <|im_end|> (an eos)
 
 
-def test_eos_counts_as_a_generated_token(farm):
-    f = farm()
+def test_eos_counts_as_a_generated_token(thread_farm):
+    f = thread_farm()
     resp = f.client().chat.completions.create(model=f.model, messages=MESSAGES, max_tokens=100)
     out = f.output(resp.id)
     assert resp.choices[0].finish_reason == "stop"
@@ -62,8 +62,8 @@ def test_eos_counts_as_a_generated_token(farm):
     assert resp.choices[0].message.content == out.text
 
 
-def test_chat_stream_with_usage(farm, tokenizer):
-    f = farm()
+def test_chat_stream_with_usage(thread_farm, tokenizer):
+    f = thread_farm()
     stream = f.client().chat.completions.create(
         model=f.model,
         messages=MESSAGES,
@@ -86,8 +86,8 @@ def test_chat_stream_with_usage(farm, tokenizer):
     assert all(c.usage is None for c in chunks[:-1])
 
 
-def test_raw_sse_has_ids_and_one_done(farm):
-    f = farm()
+def test_raw_sse_has_ids_and_one_done(thread_farm):
+    f = thread_farm()
     body = {"model": f.model, "messages": MESSAGES, "max_tokens": 6, "stream": True}
     body["stream_options"] = {"include_usage": True}
     r = httpx.post(f"{f.url}/v1/chat/completions", json=body, timeout=20)
@@ -103,8 +103,8 @@ def test_raw_sse_has_ids_and_one_done(farm):
     assert usage["completion_tokens"] == 6
 
 
-def test_stream_without_usage_has_no_usage_chunk(farm):
-    f = farm()
+def test_stream_without_usage_has_no_usage_chunk(thread_farm):
+    f = thread_farm()
     body = {"model": f.model, "messages": MESSAGES, "max_tokens": 4, "stream": True}
     r = httpx.post(f"{f.url}/v1/chat/completions", json=body, timeout=20)
     datas = [e["data"] for e in sse_events(r.text)]
@@ -112,8 +112,8 @@ def test_stream_without_usage_has_no_usage_chunk(farm):
     assert all("usage" not in json.loads(d) for d in datas[:-1])
 
 
-def test_completions_non_stream_and_stream(farm, tokenizer):
-    f = farm()
+def test_completions_non_stream_and_stream(thread_farm, tokenizer):
+    f = thread_farm()
     client = f.client()
     prompt = "The capital of France is Paris. The capital of Italy is"
     resp = client.completions.create(model=f.model, prompt=prompt, max_tokens=5, temperature=0)
@@ -129,8 +129,8 @@ def test_completions_non_stream_and_stream(farm, tokenizer):
     assert chunks[-1].choices[0].finish_reason == "length"
 
 
-def test_completions_token_ids_and_list_prompt(farm):
-    f = farm()
+def test_completions_token_ids_and_list_prompt(thread_farm):
+    f = thread_farm()
     client = f.client()
     resp = client.completions.create(model=f.model, prompt=[504, 3458, 282], max_tokens=3)
     assert f.output(resp.id).job.prompt_ids == [504, 3458, 282]
@@ -139,8 +139,8 @@ def test_completions_token_ids_and_list_prompt(farm):
     assert resp.usage.completion_tokens == 2
 
 
-def test_n_choices_merged(farm, tokenizer):
-    f = farm()
+def test_n_choices_merged(thread_farm, tokenizer):
+    f = thread_farm()
     resp = f.client().chat.completions.create(
         model=f.model, messages=MESSAGES, max_tokens=4, n=2, seed=41
     )
@@ -153,8 +153,8 @@ def test_n_choices_merged(farm, tokenizer):
     assert resp.usage.completion_tokens == 8
 
 
-def test_n_choices_streamed(farm):
-    f = farm()
+def test_n_choices_streamed(thread_farm):
+    f = thread_farm()
     chunks = list(
         f.client().completions.create(
             model=f.model, prompt="one two three four", max_tokens=3, n=3, stream=True
@@ -173,8 +173,8 @@ def test_n_choices_streamed(farm):
         assert by_index[i] == f.output(f"{rid}-{i}").text
 
 
-def test_stop_string(farm):
-    f = farm()
+def test_stop_string(thread_farm):
+    f = thread_farm()
     client = f.client()
     resp = client.chat.completions.create(
         model=f.model, messages=MESSAGES, max_tokens=40, stop=["helpful"]
@@ -188,8 +188,8 @@ def test_stop_string(farm):
     assert resp.choices[0].text == "a b c " and resp.choices[0].finish_reason == "stop"
 
 
-def test_logprobs(farm):
-    f = farm()
+def test_logprobs(thread_farm):
+    f = thread_farm()
     client = f.client()
     resp = client.chat.completions.create(
         model=f.model, messages=MESSAGES, max_tokens=4, logprobs=True
@@ -219,16 +219,16 @@ def test_logprobs(farm):
     assert [round(t.logprob, 2) for t in streamed] == [0.0, -0.25, -0.5, -0.75]
 
 
-def test_models_endpoint(farm):
-    f = farm(max_model_len=777)
+def test_models_endpoint(thread_farm):
+    f = thread_farm(max_model_len=777)
     models = f.client().models.list()
     assert [m.id for m in models.data] == [f.model]
     raw = httpx.get(f"{f.url}/v1/models").json()
     assert raw["data"][0]["max_model_len"] == 777
 
 
-def test_extra_fields_are_ignored(farm):
-    f = farm()
+def test_extra_fields_are_ignored(thread_farm):
+    f = thread_farm()
     body = {
         "model": f.model,
         "messages": MESSAGES,

@@ -11,7 +11,16 @@ import httpx
 import openai
 import pytest
 
+from ..farm_threads import ThreadFarm
+
 MESSAGES = [{"role": "user", "content": "Hello there"}]
+
+
+@pytest.fixture(scope="module")
+def farm_once(redis_server, tokenizer):
+    """One gateway (no worker) for the module's many requests that must fail validation."""
+    with ThreadFarm(redis_server.url, tokenizer, workers=None, request_timeout=2) as f:
+        yield f
 
 
 def check_shape(r: httpx.Response, status: int) -> dict:
@@ -27,17 +36,17 @@ def post(f, path: str, body, **kw) -> httpx.Response:
     return httpx.post(f"{f.url}{path}", json=body, timeout=20, **kw)
 
 
-def test_unknown_model_404(farm):
-    f = farm()
+def test_unknown_model_404(thread_farm):
+    f = thread_farm()
     with pytest.raises(openai.NotFoundError) as info:
         f.client().chat.completions.create(model="gpt-9", messages=MESSAGES)
     assert info.value.status_code == 404
     assert info.value.body["code"] == "model_not_found" and info.value.body["param"] == "model"
 
 
-def test_model_may_be_left_out(farm):
+def test_model_may_be_left_out(thread_farm):
     """As with vLLM and llama-server: no `model` = the served model (the seed's own curl)."""
-    f = farm()
+    f = thread_farm()
     r = post(f, "/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 3})
     assert r.status_code == 200, r.text
     assert r.json()["model"] == f.model
@@ -46,8 +55,8 @@ def test_model_may_be_left_out(farm):
     assert r.json()["model"] == f.model
 
 
-def test_too_long_names_both_numbers(farm, tokenizer):
-    f = farm(max_model_len=100)
+def test_too_long_names_both_numbers(thread_farm, tokenizer):
+    f = thread_farm(max_model_len=100)
     prompt_len = len(tokenizer.encode_chat(MESSAGES))
     with pytest.raises(openai.BadRequestError) as info:
         f.client().chat.completions.create(model=f.model, messages=MESSAGES, max_tokens=90)
@@ -124,8 +133,8 @@ def test_unknown_route_and_method(farm_once):
     check_shape(httpx.get(f"{f.url}/v1/chat/completions"), 405)
 
 
-def test_api_keys(farm):
-    f = farm(api_keys=["sk-right", "sk-other"])
+def test_api_keys(thread_farm):
+    f = thread_farm(api_keys=["sk-right", "sk-other"])
     with pytest.raises(openai.AuthenticationError) as info:
         f.client(api_key="sk-wrong").chat.completions.create(model=f.model, messages=MESSAGES)
     assert info.value.body["code"] == "invalid_api_key"
@@ -143,8 +152,8 @@ def test_api_keys(farm):
     assert httpx.get(f"{f.url}/metrics").status_code == 200  # not behind the key
 
 
-def test_queue_full_429_with_retry_after(farm):
-    f = farm(worker=False, max_queue_depth=2)
+def test_queue_full_429_with_retry_after(thread_farm):
+    f = thread_farm(workers=None, max_queue_depth=2)
     for _ in range(2):
         f.r.xadd(f.keys.prefill_stream, {"j": b"x"})
     r = post(f, "/v1/chat/completions", {"model": f.model, "messages": MESSAGES})
@@ -154,11 +163,11 @@ def test_queue_full_429_with_retry_after(farm):
         f.client().chat.completions.create(model=f.model, messages=MESSAGES)
 
 
-def test_redis_down_503_with_retry_after(farm):
+def test_redis_down_503_with_retry_after(thread_farm):
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    f = farm(worker=False, redis_url=f"redis://127.0.0.1:{port}/0")
+    f = thread_farm(workers=None, redis_url=f"redis://127.0.0.1:{port}/0")
     t0 = time.monotonic()
     r = post(f, "/v1/chat/completions", {"model": f.model, "messages": MESSAGES})
     err = check_shape(r, 503)
@@ -177,8 +186,8 @@ def test_redis_down_503_with_retry_after(farm):
     check_shape(post(f, "/v1/chat/completions", {"model": f.model, "messages": []}), 400)
 
 
-def test_worker_error_is_never_200(farm):
-    f = farm()
+def test_worker_error_is_never_200(thread_farm):
+    f = thread_farm()
     body = {"model": f.model, "messages": [{"role": "user", "content": "FAIL_NOW"}]}
     err = check_shape(post(f, "/v1/chat/completions", body), 500)
     assert err["message"] == "injected failure"
@@ -191,8 +200,8 @@ def test_worker_error_is_never_200(farm):
     assert check_shape(r, 503)["message"] == "worker lost" and r.headers["Retry-After"]
 
 
-def test_worker_error_mid_stream_is_an_error_event_then_done(farm):
-    f = farm()
+def test_worker_error_mid_stream_is_an_error_event_then_done(thread_farm):
+    f = thread_farm()
     body = {
         "model": f.model,
         "messages": [{"role": "user", "content": "FAIL_LATER"}],
@@ -212,8 +221,8 @@ def test_worker_error_mid_stream_is_an_error_event_then_done(farm):
         )
 
 
-def test_request_timeout_504_and_cancel(farm):
-    f = farm(worker=False, request_timeout=0.6)
+def test_request_timeout_504_and_cancel(thread_farm):
+    f = thread_farm(workers=None, request_timeout=0.6)
     t0 = time.monotonic()
     r = post(f, "/v1/chat/completions", {"model": f.model, "messages": MESSAGES})
     err = check_shape(r, 504)
@@ -226,8 +235,8 @@ def test_request_timeout_504_and_cancel(farm):
     assert f.r.exists(f.keys.cancel_flag(job.request_id))  # ... and is cancelled
 
 
-def test_unexpected_exception_is_500_in_openai_shape(farm):
-    f = farm()
+def test_unexpected_exception_is_500_in_openai_shape(thread_farm):
+    f = thread_farm()
     gw = f.app.state.gateway
 
     async def boom(body):
@@ -240,8 +249,8 @@ def test_unexpected_exception_is_500_in_openai_shape(farm):
     assert err["type"] == "internal_error" and "kaboom" not in err["message"]
 
 
-def test_request_timeout_mid_stream_is_an_error_event(farm):
-    f = farm(worker_delay=0.1, request_timeout=0.8)
+def test_request_timeout_mid_stream_is_an_error_event(thread_farm):
+    f = thread_farm(worker_delay=0.1, request_timeout=0.8)
     body = {"model": f.model, "messages": MESSAGES, "max_tokens": 100, "stream": True}
     body["ignore_eos"] = True
     r = post(f, "/v1/chat/completions", body)

@@ -45,8 +45,8 @@ def content_of(events: list[dict[str, str]]) -> str:
     return text
 
 
-def test_client_disconnect_cancels(farm):
-    f = farm(worker_delay=0.05)
+def test_client_disconnect_cancels(thread_farm):
+    f = thread_farm(worker_delay=0.05)
     body = {"model": f.model, "messages": MESSAGES, "max_tokens": 200, "stream": True}
     url = f"{f.url}/v1/chat/completions"
     with httpx.Client(timeout=20) as client, client.stream("POST", url, json=body) as r:
@@ -58,8 +58,8 @@ def test_client_disconnect_cancels(farm):
     assert out.tokens < 200 and out.events[-1].finish_reason is None  # the worker stopped
 
 
-def test_non_stream_client_disconnect_cancels(farm):
-    f = farm(worker_delay=0.05)
+def test_non_stream_client_disconnect_cancels(thread_farm):
+    f = thread_farm(worker_delay=0.05)
     body = {"model": f.model, "messages": MESSAGES, "max_tokens": 200}
     with contextlib.suppress(httpx.ReadTimeout):
         httpx.post(f"{f.url}/v1/chat/completions", json=body, timeout=0.5)
@@ -68,8 +68,8 @@ def test_non_stream_client_disconnect_cancels(farm):
     assert wait_for(lambda: f.r.exists(f.keys.cancel_flag(rids[0])), 5)
 
 
-def test_resume_with_last_event_id(farm):
-    f = farm(worker_delay=0.03, disconnect_grace=3.0)
+def test_resume_with_last_event_id(thread_farm):
+    f = thread_farm(worker_delay=0.03, disconnect_grace=3.0)
     body = {"model": f.model, "messages": MESSAGES, "max_tokens": 40, "stream": True}
     body["ignore_eos"] = True  # the echo would stop at the prompt's <|im_end|>
     body["stream_options"] = {"include_usage": True}
@@ -101,8 +101,8 @@ def test_resume_with_last_event_id(farm):
     assert [e["data"] for e in end][-1] == "[DONE]" and content_of(end) == ""
 
 
-def test_resume_errors(farm):
-    f = farm()
+def test_resume_errors(thread_farm):
+    f = thread_farm()
     r = httpx.get(f"{f.url}/v1/requests/chatcmpl-nope/stream")
     assert r.status_code == 404 and r.json()["error"]["code"] == "request_not_found"
     resp = f.client().chat.completions.create(model=f.model, messages=MESSAGES, max_tokens=2)
@@ -111,8 +111,8 @@ def test_resume_errors(farm):
     assert r.status_code == 400 and r.json()["error"]["param"] == "Last-Event-ID"
 
 
-def test_lossy_pubsub_still_exact(farm):
-    f = farm(drop_publish_every=3)
+def test_lossy_pubsub_still_exact(thread_farm):
+    f = thread_farm(drop_publish_every=3)
     client = f.client()
     for _ in range(3):
         chunks = list(
@@ -126,8 +126,8 @@ def test_lossy_pubsub_still_exact(farm):
     assert resp.choices[0].text == f.output(resp.id).text
 
 
-def test_health(farm):
-    f = farm(worker=False)
+def test_health(thread_farm):
+    f = thread_farm(workers=None)
     r = httpx.get(f"{f.url}/health")
     assert r.status_code == 503 and r.headers["Retry-After"]
     assert r.json()["redis"] == "ok" and "no live prefill or decode worker" in r.json()["reason"]
@@ -151,8 +151,8 @@ def test_health(farm):
     assert b"w-expired" not in f.r.smembers(f.keys.workers)
 
 
-def test_metrics(farm):
-    f = farm()
+def test_metrics(thread_farm):
+    f = thread_farm()
     f.client().chat.completions.create(model=f.model, messages=MESSAGES, max_tokens=3)
     list(f.client().completions.create(model=f.model, prompt="hi there", max_tokens=3, stream=True))
     httpx.post(f"{f.url}/v1/chat/completions", json={"model": "nope", "messages": MESSAGES})

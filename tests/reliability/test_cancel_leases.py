@@ -14,7 +14,8 @@ import httpx
 import pytest
 from syshax.broker.keys import KEYS
 
-from .conftest import MODEL, ProcFarm, messages
+from ..farm_procs import ProcFarm
+from .conftest import MODEL, messages
 
 CLEAN = {"leases": (0, 0), "shm": [], "entries": 0, "pending": 0, "busy": {}}
 STEP = 0.02  # seconds per engine step: 300 tokens take 6 s

@@ -15,7 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from syshax.broker.keys import KEYS
 
-from .conftest import MODEL, ProcFarm, expected_text, messages
+from ..farm_procs import ProcFarm
+from .conftest import MODEL, expected_text, messages
 
 schemathesis = pytest.importorskip("schemathesis")
 

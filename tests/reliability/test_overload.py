@@ -14,7 +14,8 @@ import psutil
 import pytest
 from syshax.broker.keys import KEYS
 
-from .conftest import MODEL, ProcFarm, messages
+from ..farm_procs import ProcFarm
+from .conftest import MODEL, messages
 
 MAX_DEPTH = 20
 

@@ -8,7 +8,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 from syshax.broker.keys import KEYS
 
-from .conftest import HEARTBEAT_TTL, expected_text, messages
+from ..farm_procs import HEARTBEAT_TTL
+from .conftest import expected_text, messages
 from .test_worker_kill import stream_one
 
 CLEAN = {"leases": (0, 0), "shm": [], "entries": 0, "pending": 0, "busy": {}}

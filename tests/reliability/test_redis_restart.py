@@ -13,7 +13,8 @@ import time
 import httpx
 import pytest
 
-from .conftest import MODEL, ProcFarm, expected_text, messages
+from ..farm_procs import ProcFarm
+from .conftest import MODEL, expected_text, messages
 from .test_worker_kill import Outcome, stream_one
 
 CLEAN = {"leases": (0, 0), "shm": [], "entries": 0, "pending": 0, "busy": {}}

@@ -12,7 +12,8 @@ import httpx
 import pytest
 from syshax.broker.keys import KEYS
 
-from .conftest import MODEL, ProcFarm, expected_text, messages
+from ..farm_procs import ProcFarm
+from .conftest import MODEL, expected_text, messages
 
 OUTPUT_TTL = 3  # seconds: output.ttl of this farm (production default: 600)
 

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import pytest
 from syshax.broker.keys import KEYS
 
-from .conftest import HEARTBEAT_TTL, ProcFarm, expected_text, messages
+from ..farm_procs import HEARTBEAT_TTL, ProcFarm
+from .conftest import expected_text, messages
 
 
 @dataclass

@@ -1,89 +1,21 @@
 """Workers against a real Redis: prefill on one, decode on another, tokens delivered once each.
 
-Uses the zero-cost EchoEngine (output token i = prompt token i), so the farm's paths run in
-seconds; the real engine's PD equality is tested in test_farm_e2e.py.
+Uses the thread farm's echo workers (the zero-cost EchoEngine: output token i = prompt token
+i), so the farm's paths run in seconds; the real engine's PD equality is tested in
+test_farm_e2e.py.
 """
 
 from __future__ import annotations
 
-import threading
 import time
-import uuid
 
 import pytest
-import redis
-from syshax.broker.dispatcher import Dispatcher
 from syshax.broker.keys import KEYS
 from syshax.broker.kv_store import KVStore
-from syshax.broker.schemas import PrefillJob, TokenEvent
-from syshax.shared.sampling import SamplingParams
-from syshax.workers.echo_engine import EchoEngine
-from syshax.workers.worker import Worker, WorkerOptions
 
 
-class Farm:
-    def __init__(
-        self, url: str, auto_pd_offload: bool = True, cpu_slots: int = 4, gpu_slots: int = 4
-    ):
-        self.r = redis.Redis.from_url(url)
-        self.stop = threading.Event()
-        self.workers = [
-            self._worker(url, "xpu", {"prefill", "decode"}, "gpu", gpu_slots, auto_pd_offload),
-            self._worker(url, "cpu0", {"decode"}, "cpu", cpu_slots, auto_pd_offload),
-        ]
-        self.threads = [
-            threading.Thread(target=w.serve, args=(self.stop, 5.0), daemon=True)
-            for w in self.workers
-        ]
-
-    def _worker(self, url, wid, roles, cls, slots, offload):
-        opts = WorkerOptions(
-            worker_id=wid, roles=frozenset(roles), device_class=cls, kv_store="redis", block_ms=20
-        )
-        engine = EchoEngine(max_num_seqs=slots, step_delay=0.002)
-        return Worker(
-            engine,
-            redis.Redis.from_url(url),
-            opts,
-            Dispatcher(auto_pd_offload=offload, cpu_max_batch_size=slots),
-        )
-
-    def __enter__(self):
-        for t in self.threads:
-            t.start()
-        time.sleep(0.1)
-        return self
-
-    def __exit__(self, *exc):
-        self.stop.set()
-        for t in self.threads:
-            t.join(10)
-
-    def submit(self, prompt: list[int], max_tokens: int) -> str:
-        rid = uuid.uuid4().hex
-        params = SamplingParams(max_tokens=max_tokens, temperature=0.0).to_dict()
-        job = PrefillJob(
-            request_id=rid,
-            prompt_ids=prompt,
-            params=params,
-            created=time.time(),
-            deadline=time.time() + 60,
-        )
-        self.r.xadd(KEYS.prefill_stream, {"j": job.pack()})
-        return rid
-
-    def events(self, rid: str, timeout: float = 10.0) -> list[TokenEvent]:
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            evs = [TokenEvent.unpack(f[b"e"]) for _, f in self.r.xrange(KEYS.output_stream(rid))]
-            if evs and (evs[-1].finish_reason or evs[-1].error):
-                return evs
-            time.sleep(0.02)
-        raise AssertionError(f"request {rid} did not finish: {evs}")
-
-
-def test_pd_request_is_decoded_elsewhere_with_every_token_once(redis_url):
-    with Farm(redis_url, cpu_slots=4) as farm:
+def test_pd_request_is_decoded_elsewhere_with_every_token_once(thread_farm):
+    with thread_farm(gateway=False, workers="echo", cpu_slots=4) as farm:
         rids = [farm.submit(list(range(10 + i, 30 + i)), 12) for i in range(6)]
         for i, rid in enumerate(rids):
             evs = farm.events(rid)
@@ -97,8 +29,8 @@ def test_pd_request_is_decoded_elsewhere_with_every_token_once(redis_url):
     assert farm.r.xlen(KEYS.prefill_stream) == 0 and farm.r.xlen(KEYS.decode_stream("cpu")) == 0
 
 
-def test_auto_pd_offload_off_never_reaches_the_cpu_stream(redis_url):
-    with Farm(redis_url, auto_pd_offload=False) as farm:
+def test_auto_pd_offload_off_never_reaches_the_cpu_stream(thread_farm):
+    with thread_farm(gateway=False, workers="echo", auto_pd_offload=False) as farm:
         rids = [farm.submit([5, 6, 7, 8], 6) for _ in range(8)]
         for rid in rids:
             assert all(e.worker == "xpu" for e in farm.events(rid))
@@ -106,16 +38,16 @@ def test_auto_pd_offload_off_never_reaches_the_cpu_stream(redis_url):
         assert int(farm.r.get(KEYS.dispatch_count("gpu"))) == 8
 
 
-def test_cpu_at_capacity_sends_jobs_to_the_xpu(redis_url):
-    with Farm(redis_url, cpu_slots=1, gpu_slots=8) as farm:
+def test_cpu_at_capacity_sends_jobs_to_the_xpu(thread_farm):
+    with thread_farm(gateway=False, workers="echo", cpu_slots=1, gpu_slots=8) as farm:
         rids = [farm.submit([1, 2, 3], 40) for _ in range(6)]
         workers = [{e.worker for e in farm.events(rid)[1:]} for rid in rids]
         assert sum("cpu0" in w for w in workers) >= 1
         assert sum(w == {"xpu"} for w in workers) >= 4
 
 
-def test_cancel_stops_generation_and_frees_everything(redis_url):
-    with Farm(redis_url) as farm:
+def test_cancel_stops_generation_and_frees_everything(thread_farm):
+    with thread_farm(gateway=False, workers="echo") as farm:
         rid = farm.submit([1, 2, 3, 4], 100_000 // 100)
         time.sleep(0.2)
         farm.r.set(KEYS.cancel_flag(rid), 1, ex=60)
@@ -130,8 +62,8 @@ def test_cancel_stops_generation_and_frees_everything(redis_url):
     assert KVStore(farm.r).stats() == (0, 0)
 
 
-def test_poison_message_goes_to_dead_letter_and_queue_keeps_flowing(redis_url):
-    with Farm(redis_url) as farm:
+def test_poison_message_goes_to_dead_letter_and_queue_keeps_flowing(thread_farm):
+    with thread_farm(gateway=False, workers="echo") as farm:
         farm.r.xadd(KEYS.prefill_stream, {"j": b"\xc1not msgpack"})
         rid = farm.submit([9, 9, 9], 3)
         assert len(farm.events(rid)) == 3
@@ -139,8 +71,8 @@ def test_poison_message_goes_to_dead_letter_and_queue_keeps_flowing(redis_url):
         assert len(dead) == 1 and b"undecodable" in dead[0][1][b"reason"]
 
 
-def test_refused_request_gets_an_error_event(redis_url):
-    with Farm(redis_url) as farm:
+def test_refused_request_gets_an_error_event(thread_farm):
+    with thread_farm(gateway=False, workers="echo") as farm:
         rid = farm.submit(list(range(3000)), 3)  # over EchoEngine's max_model_len
         evs = farm.events(rid)
         assert len(evs) == 1 and evs[0].error["type"] == "invalid_request_error"

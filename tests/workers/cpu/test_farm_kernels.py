@@ -6,24 +6,18 @@ Q4_0 weights. The stream must be exactly what the same handoff gives in-process.
 from __future__ import annotations
 
 import pytest
-import redis
 from syshax.shared.sampling import SamplingParams
 
-from ...test_farm_e2e import MESSAGES, MODEL, Farm, local_engine
+from ...test_farm_e2e import MESSAGES, MODEL, local_engine, model_farm
 
 N = 20
 
 
 @pytest.fixture(scope="module")
-def kernel_farm(tmp_path_factory, redis_server):
-    redis.Redis.from_url(redis_server.url).flushall()
+def kernel_farm(tmp_path_factory):
     env = {"SYSHAX_QUANTIZE": "q4_0", "INFERENCE_OP_MODE": "fused"}
-    f = Farm(tmp_path_factory.mktemp("kfarm"), redis_server.url, cpu_env=env)
-    try:
-        f.wait_healthy()
+    with model_farm(tmp_path_factory.mktemp("kfarm"), cpu_env=env) as f:
         yield f
-    finally:
-        f.stop()
 
 
 def _handoff_reference() -> tuple[str, list[int]]:
@@ -42,7 +36,7 @@ def _handoff_reference() -> tuple[str, list[int]]:
 
 def test_quantized_fused_cpu_decode_in_the_farm(kernel_farm):
     text, ids = _handoff_reference()
-    stream = kernel_farm.client.chat.completions.create(
+    stream = kernel_farm.client(timeout=120).chat.completions.create(
         model=MODEL,
         messages=MESSAGES,
         max_tokens=N,

@@ -50,3 +50,16 @@ def test_cpu_workers_zero_is_valid_and_negative_is_not():
     assert _cfg(cpu__workers="0").cpu.workers == 0
     with pytest.raises(Exception, match="cpu.workers"):
         _cfg(cpu__workers="-1")
+
+
+def test_syshax_run_starts_one_batch_worker():
+    import argparse
+
+    from syshax.commands.run import _children
+
+    args = argparse.Namespace(engine="echo", cpu_workers=1, no_gateway=False)
+    children = _children(args, Config(), None, "redis://127.0.0.1:1/0")
+    batch_workers = [c for c in children if c.name == "batch-worker"]
+    assert len(batch_workers) == 1
+    assert batch_workers[0].argv[3:5] == ["batch", "worker"]
+    assert "--redis-url" in batch_workers[0].argv

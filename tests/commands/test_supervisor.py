@@ -1,0 +1,190 @@
+"""The supervisor of `syshax run` and `syshax batch worker`, with tiny `python -c` children:
+restarts with a capped, resetting backoff; leaves running children alone; stops in stage
+order, escalating to SIGKILL."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from syshax.commands.supervisor import Child, Supervisor
+
+from ..conftest import wait_for
+
+PY = sys.executable
+
+
+def _py(code: str) -> list[str]:
+    return [PY, "-c", code]
+
+
+def _restart_delays(caplog) -> list[str]:
+    return [
+        r.getMessage().rsplit(" ", 1)[1]
+        for r in caplog.records
+        if "restarting in" in r.getMessage()
+    ]
+
+
+def _poll_for(sup: Supervisor, seconds: float) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        sup.poll()
+        time.sleep(0.01)
+
+
+def test_a_child_that_exits_is_restarted_with_a_capped_backoff(caplog):
+    caplog.set_level(logging.INFO, "syshax.supervisor")
+    child = Child("crasher", _py("raise SystemExit(3)"))
+    sup = Supervisor([child], backoff=0.05, max_backoff=0.2, healthy_after=60)
+    sup.start()
+    try:
+        assert wait_for(lambda: (sup.poll(), len(_restart_delays(caplog)) >= 4)[1], 10)
+    finally:
+        sup.stop()
+    delays = _restart_delays(caplog)
+    assert delays[:4] == ["0.05s", "0.1s", "0.2s", "0.2s"]
+    exits = [r.getMessage() for r in caplog.records if "exited with" in r.getMessage()]
+    assert all(m.startswith("crasher exited with 3;") for m in exits)
+    starts = [r.created for r in caplog.records if r.getMessage().startswith("started crasher")]
+    ends = [r.created for r in caplog.records if "exited with" in r.getMessage()]
+    for end, start, delay in zip(ends, starts[1:], (0.05, 0.1, 0.2), strict=False):
+        assert start - end >= delay - 0.01  # no restart before its backoff
+
+
+def test_a_child_that_ran_long_enough_gets_a_fresh_backoff(caplog):
+    caplog.set_level(logging.INFO, "syshax.supervisor")
+    child = Child("flaky", _py("import time; time.sleep(0.2); raise SystemExit(1)"))
+    sup = Supervisor([child], backoff=0.05, max_backoff=1.0, healthy_after=0.1)
+    sup.start()
+    try:
+        assert wait_for(lambda: (sup.poll(), len(_restart_delays(caplog)) >= 3)[1], 10)
+    finally:
+        sup.stop()
+    assert _restart_delays(caplog)[:3] == ["0.05s"] * 3
+
+
+def test_a_running_child_is_left_alone(caplog):
+    caplog.set_level(logging.INFO, "syshax.supervisor")
+    child = Child("steady", _py("import time; time.sleep(30)"))
+    sup = Supervisor([child], backoff=0.01)
+    sup.start()
+    pid = child.pid
+    try:
+        _poll_for(sup, 0.3)
+        assert child.pid == pid and child.exitcode() is None and child.restarts == 0
+        assert not _restart_delays(caplog)
+    finally:
+        sup.stop()
+    assert child.exitcode() == -signal.SIGTERM
+
+
+def test_stop_goes_stage_by_stage_and_kills_what_ignores_sigterm(tmp_path: Path, caplog):
+    marks = tmp_path / "marks"
+
+    def child(name: str, on_term: str) -> list[str]:
+        return _py(
+            "import signal, sys, time\n"
+            f"def mark(s): open({str(marks)!r}, 'a').write(s + '\\n')\n"
+            f"def term(*_):\n    {on_term}\n"
+            "signal.signal(signal.SIGTERM, term)\n"
+            f"mark({name!r} + ' ready')\n"
+            "while True: time.sleep(0.01)\n"
+        )
+
+    first = Child("first", child("first", "time.sleep(0.3); mark('first done'); sys.exit(0)"))
+    stubborn = Child(
+        "stubborn",
+        child("stubborn", "mark('stubborn term')"),
+        stage=1,
+        stop_steps=((signal.SIGTERM, 0.3),),
+    )
+    sup = Supervisor([stubborn, first])  # the list order is not the stop order
+    sup.start()
+
+    def ready() -> bool:
+        return marks.exists() and marks.read_text().count("ready") == 2
+
+    assert wait_for(ready, 10)
+    t0 = time.monotonic()
+    sup.stop()
+    assert time.monotonic() - t0 < 3
+    lines = marks.read_text().splitlines()
+    assert lines[2:] == ["first done", "stubborn term"], lines  # the second stage waited
+    assert first.exitcode() == 0
+    assert stubborn.exitcode() == -signal.SIGKILL
+    assert any(
+        "stubborn did not stop in 0.3s; killing it" in r.getMessage() for r in caplog.records
+    )
+
+
+def _count_terms(path: str) -> None:
+    """A function child: its first SIGTERM is noted, the second ends it (rq's warm, then cold
+    shutdown)."""
+    terms = []
+
+    def term(*_):
+        terms.append(1)
+        Path(path).write_text(str(len(terms)))
+        if len(terms) == 2:
+            os._exit(7)
+
+    signal.signal(signal.SIGTERM, term)
+    Path(path).write_text("0")
+    while True:
+        time.sleep(0.01)
+
+
+def test_function_children_get_each_stop_step(tmp_path: Path):
+    path = tmp_path / "terms"
+    steps = ((signal.SIGTERM, 0.2), (signal.SIGTERM, 2.0))
+    child = Child("rq", target=_count_terms, args=(str(path),), stop_steps=steps)
+    sup = Supervisor([child])
+    sup.start()
+    assert wait_for(path.exists, 10)
+    sup.stop()
+    assert child.exitcode() == 7 and path.read_text() == "2"
+
+
+def _exit_with(code: int) -> None:
+    raise SystemExit(code)
+
+
+def test_burst_children_finish_on_success_and_are_restarted_on_failure(caplog):
+    caplog.set_level(logging.INFO, "syshax.supervisor")
+    ok = Child("ok", target=_exit_with, args=(0,), restart_on_success=False)
+    bad = Child("bad", target=_exit_with, args=(2,), restart_on_success=False)
+    sup = Supervisor([ok, bad], backoff=0.05)
+    stop = threading.Event()
+    sup.start()
+    runner = threading.Thread(target=sup.run, args=(stop,), kwargs={"every": 0.01})
+    runner.start()
+    try:
+        assert wait_for(lambda: ok.finished and bad.restarts >= 2, 10)
+        assert not sup.done  # `bad` keeps being restarted
+    finally:
+        stop.set()
+        runner.join(5)
+        sup.stop()
+    assert not runner.is_alive()
+    assert any("ok finished" in r.getMessage() for r in caplog.records)
+
+
+def test_run_returns_once_every_child_finished():
+    sup = Supervisor([Child("once", target=_exit_with, args=(0,), restart_on_success=False)])
+    sup.start()
+    t0 = time.monotonic()
+    sup.run(threading.Event(), every=0.01)
+    assert sup.done and time.monotonic() - t0 < 5
+
+
+def test_a_child_needs_a_command_or_a_function():
+    with pytest.raises(ValueError, match="argv or target"):
+        Child("neither")

@@ -1,0 +1,335 @@
+"""The thread farm: a whole farm inside the test process, for fast API and worker tests.
+
+Each part is optional: the real gateway app served by uvicorn in a thread, and the workers in
+threads, on the session's Redis (tests/conftest.py), with the official `openai` client.
+
+Workers: "stub" = a small echo worker that speaks the broker's wire contract (`EchoWorker`):
+it answers each PrefillJob with the prompt's own tokens as output (text from the real
+tokenizer, incremental detokenization with stop strings): finish_reason "stop" at an eos token
+or a stop string, "length" at max_tokens; a prompt containing FAIL_NOW gets an error event at
+once, FAIL_LATER after two tokens. "echo" = the real farm `Worker` x 2 (xpu: prefill + decode
+on the gpu class, cpu0: decode on the cpu class) over the zero-cost `EchoEngine` (output token
+i = prompt token i). None = no worker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import openai
+import redis
+import uvicorn
+from syshax.broker.embedded import free_port
+from syshax.broker.keys import KEYS, Keys
+from syshax.broker.schemas import PrefillJob, SchemaError, TokenEvent
+from syshax.shared.detokenizer import IncrementalDetokenizer
+from syshax.shared.sampling import SamplingParams
+from syshax.shared.tokenizer import Tokenizer
+
+
+@dataclass
+class Output:
+    job: PrefillJob
+    events: list[TokenEvent] = field(default_factory=list)
+
+    @property
+    def text(self) -> str:
+        return "".join(e.text for e in self.events)
+
+    @property
+    def tokens(self) -> int:
+        return sum(e.token_id >= 0 for e in self.events)
+
+
+class EchoWorker:
+    def __init__(
+        self,
+        url: str,
+        keys: Keys,
+        tokenizer: Tokenizer,
+        delay: float = 0.0,
+        drop_publish_every: int = 0,
+    ) -> None:
+        self.r = redis.Redis.from_url(url)
+        self.keys, self.tokenizer = keys, tokenizer
+        self.delay, self.drop_every = delay, drop_publish_every
+        self.outputs: dict[str, Output] = {}
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._main = threading.Thread(target=self._loop, daemon=True)
+
+    def start(self) -> EchoWorker:
+        with contextlib.suppress(redis.ResponseError):
+            self.r.xgroup_create(
+                self.keys.prefill_stream, self.keys.prefill_group, id="0", mkstream=True
+            )
+        self._main.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._main.join(5)
+        for t in self._threads:
+            t.join(5)
+        self.r.close()
+
+    def _loop(self) -> None:
+        stream, group = self.keys.prefill_stream, self.keys.prefill_group
+        while not self._stop.is_set():
+            reply = self.r.xreadgroup(group, "echo", {stream: ">"}, count=16, block=50)
+            for _, entries in reply or []:
+                for entry_id, fields in entries:
+                    try:
+                        job = PrefillJob.unpack(fields[b"j"])
+                    except SchemaError:
+                        job = None  # a real worker dead-letters it; we drop it
+                    if job is not None:
+                        self.outputs[job.request_id] = Output(job)
+                        t = threading.Thread(target=self._run, args=(job,), daemon=True)
+                        self._threads.append(t)
+                        t.start()
+                    pipe = self.r.pipeline()
+                    pipe.xack(stream, group, entry_id)
+                    pipe.xdel(stream, entry_id)
+                    pipe.execute()
+
+    def _send(self, event: TokenEvent) -> None:
+        self.outputs[event.request_id].events.append(event)
+        data = event.pack()
+        out = self.keys.output_stream(event.request_id)
+        pipe = self.r.pipeline(transaction=False)
+        pipe.xadd(out, {"e": data}, maxlen=10_000, approximate=True)
+        pipe.expire(out, 600)
+        if not (self.drop_every and event.seq % self.drop_every == self.drop_every - 1):
+            pipe.publish(self.keys.token_channel(event.request_id), data)
+        pipe.execute()
+
+    def _run(self, job: PrefillJob) -> None:
+        params = SamplingParams.from_dict(job.params)
+        prompt = job.prompt_ids
+        prompt_text = self.tokenizer.decode(prompt)
+        detok = IncrementalDetokenizer(self.tokenizer, stop=params.stop, prompt_ids=prompt)
+        rid = job.request_id
+        common = {"request_id": rid, "prompt_tokens": len(prompt), "worker": "echo"}
+        if "FAIL_NOW" in prompt_text:
+            error = {"message": "injected failure", "type": "internal_error", "code": 500}
+            self._send(TokenEvent(seq=0, error=error, **common))
+            return
+        eos = set(self.tokenizer.eos_token_ids)
+        for seq in range(params.max_tokens or 16):
+            if self._stop.is_set() or self.r.exists(self.keys.cancel_flag(rid)):
+                return
+            if "FAIL_LATER" in prompt_text and seq == 2:
+                error = {"message": "worker lost", "type": "service_unavailable", "code": None}
+                self._send(TokenEvent(seq=seq, error=error, **common))
+                return
+            tok = prompt[seq % len(prompt)]
+            text = detok.add(tok)
+            finish = None
+            if tok in eos and not params.ignore_eos or detok.stopped:
+                finish = "stop"
+            elif seq == params.max_tokens - 1:
+                finish = "length"
+            if finish:
+                text += detok.flush()
+            logprob = -0.25 * (seq % 4) if params.logprobs else None
+            event = TokenEvent(
+                seq=seq, token_id=tok, text=text, logprob=logprob, finish_reason=finish, **common
+            )
+            self._send(event)
+            if finish:
+                return
+            if self.delay:
+                time.sleep(self.delay)
+
+
+class ServerThread:
+    def __init__(self, app: Any) -> None:
+        self.port = free_port()
+        config = uvicorn.Config(
+            app,
+            host="127.0.0.1",
+            port=self.port,
+            log_level="warning",
+            lifespan="on",
+            timeout_graceful_shutdown=1,
+        )
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> ServerThread:
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("the gateway did not start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+class ThreadFarm:
+    """The parts a test asked for, started; `stop()` (or leaving its `with`) stops them.
+
+    Keys: a fresh prefix when there is a gateway (farms of one module do not see each other),
+    the default one (`KEYS`) for workers alone (what the batch farm client and the CLI use).
+    Keyword arguments not listed are GatewaySettings overrides."""
+
+    def __init__(
+        self,
+        server_url: str,
+        tokenizer: Tokenizer | None = None,
+        *,
+        gateway: bool = True,
+        workers: str | None = "stub",
+        worker_delay: float = 0.0,  # stub: seconds between tokens
+        drop_publish_every: int = 0,  # stub: every Nth token is not published (only streamed)
+        slots: int = 4,  # echo: sequences per worker (cpu_slots / gpu_slots: per class)
+        cpu_slots: int | None = None,
+        gpu_slots: int | None = None,
+        step_delay: float = 0.002,  # echo: seconds per engine step
+        auto_pd_offload: bool = True,
+        detokenize: bool = False,  # echo: the engines get the tokenizer (text in the events)
+        drain: float = 5.0,  # echo: seconds the workers drain on stop
+        key_prefix: str | None = None,
+        **settings: Any,
+    ) -> None:
+        if workers not in (None, "stub", "echo"):
+            raise ValueError(f"workers: 'stub', 'echo' or None, not {workers!r}")
+        if settings and not gateway:
+            raise TypeError(f"gateway settings {sorted(settings)} without a gateway")
+        if key_prefix is None:
+            key_prefix = f"gw{uuid.uuid4().hex[:8]}" if gateway else KEYS.prefix
+        self.keys = Keys(prefix=key_prefix)
+        self.r = redis.Redis.from_url(server_url)
+        self.worker: EchoWorker | None = None  # the stub
+        self.workers: list[Any] = []  # the echo farm's Worker objects
+        self.settings: Any = None
+        self.app: Any = None
+        self.server: ServerThread | None = None
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._drain = drain
+        try:
+            if workers == "stub":
+                self.worker = EchoWorker(
+                    server_url, self.keys, tokenizer, worker_delay, drop_publish_every
+                ).start()
+            elif workers == "echo":
+                tok = tokenizer if detokenize else None
+                for wid, roles, cls, n in (
+                    ("xpu", {"prefill", "decode"}, "gpu", gpu_slots or slots),
+                    ("cpu0", {"decode"}, "cpu", cpu_slots or slots),
+                ):
+                    opts = (wid, roles, cls, n, step_delay, auto_pd_offload, tok)
+                    self.workers.append(_echo_worker(server_url, self.keys, *opts))
+                for w in self.workers:
+                    t = threading.Thread(target=w.serve, args=(self._stop, drain), daemon=True)
+                    self._threads.append(t)
+                    t.start()
+                time.sleep(0.1)
+            if gateway:
+                self._start_gateway(server_url, key_prefix, tokenizer, settings)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start_gateway(self, server_url, key_prefix, tokenizer, overrides) -> None:
+        from syshax.gateway.app import create_app
+        from syshax.gateway.settings import GatewaySettings
+
+        values: dict[str, Any] = {
+            "redis_url": server_url,
+            "key_prefix": key_prefix,
+            "poll_interval": 0.2,
+            "disconnect_grace": 0.3,
+            "request_timeout": 20,
+        }
+        values.update(overrides)
+        self.settings = GatewaySettings(**values)
+        self.app = create_app(self.settings, tokenizer=tokenizer)
+        self.server = ServerThread(self.app).start()
+
+    def __enter__(self) -> ThreadFarm:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ---- the gateway ---------------------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    @property
+    def model(self) -> str:
+        return self.settings.model_name()
+
+    def client(self, api_key: str = "none", **kw: Any) -> openai.OpenAI:
+        return openai.OpenAI(
+            base_url=f"{self.url}/v1", api_key=api_key, max_retries=0, timeout=20, **kw
+        )
+
+    def output(self, request_id: str) -> Output:
+        """What the stub worker sent for this request."""
+        assert self.worker is not None
+        return self.worker.outputs[request_id]
+
+    # ---- straight to the workers -------------------------------------------------------------
+    def submit(self, prompt: list[int], max_tokens: int) -> str:
+        """Queue a greedy prefill job; returns its request id."""
+        rid = uuid.uuid4().hex
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0).to_dict()
+        now = time.time()
+        job = PrefillJob(
+            request_id=rid, prompt_ids=prompt, params=params, created=now, deadline=now + 60
+        )
+        self.r.xadd(self.keys.prefill_stream, {"j": job.pack()})
+        return rid
+
+    def events(self, rid: str, timeout: float = 10.0) -> list[TokenEvent]:
+        """The request's events once it finished (or failed)."""
+        end = time.monotonic() + timeout
+        evs: list[TokenEvent] = []
+        while time.monotonic() < end:
+            out = self.r.xrange(self.keys.output_stream(rid))
+            evs = [TokenEvent.unpack(f[b"e"]) for _, f in out]
+            if evs and (evs[-1].finish_reason or evs[-1].error):
+                return evs
+            time.sleep(0.02)
+        raise AssertionError(f"request {rid} did not finish: {evs}")
+
+    def stop(self) -> None:
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        if self.server is not None:
+            self.server.stop()
+        if self.worker is not None:
+            self.worker.stop()
+        for t in self._threads:
+            t.join(self._drain + 5)
+        self.r.close()
+
+
+def _echo_worker(url, keys, wid, roles, cls, slots, step_delay, offload, tokenizer):
+    from syshax.broker.dispatcher import Dispatcher
+    from syshax.workers.echo_engine import EchoEngine
+    from syshax.workers.worker import Worker, WorkerOptions
+
+    opts = WorkerOptions(wid, frozenset(roles), cls, kv_store="redis", block_ms=20)
+    engine = EchoEngine(tokenizer, max_num_seqs=slots, step_delay=step_delay)
+    disp = Dispatcher(auto_pd_offload=offload, cpu_max_batch_size=slots)
+    return Worker(engine, redis.Redis.from_url(url), opts, disp, keys=keys)
