@@ -104,12 +104,7 @@ class WorkQueues:
                 self.ensure_groups()  # a Redis that lost its data: nothing of ours is left
                 continue
             for _, entries in reply or []:
-                for entry_id, fields in entries:
-                    entry = Entry(stream, _s(entry_id), _job_data(fields), reclaimed=True)
-                    if entry.data is None:
-                        self.ack(entry)  # deleted meanwhile: nothing to run
-                    else:
-                        out.append(entry)
+                out += self._reclaimed(stream, entries)
         return out
 
     def lost_own(self, known: set[str], min_idle_ms: int = CLAIM_MIN_IDLE_MS) -> list[Entry]:
@@ -138,14 +133,20 @@ class WorkQueues:
             if not lost:
                 continue
             # XCLAIM to ourselves resets the idle time and hands back the fields.
-            for entry_id, fields in self.r.xclaim(
-                stream, self.group, self.consumer, min_idle_ms, lost
-            ):
-                entry = Entry(stream, _s(entry_id), _job_data(fields), reclaimed=True)
-                if entry.data is None:
-                    self.ack(entry)  # deleted meanwhile: nothing to run
-                else:
-                    out.append(entry)
+            claims = self.r.xclaim(stream, self.group, self.consumer, min_idle_ms, lost)
+            out += self._reclaimed(stream, claims)
+        return out
+
+    def _reclaimed(self, stream: str, entries: list) -> list[Entry]:
+        """Entries taken back (from XREADGROUP 0 or XCLAIM) as reclaimed jobs; one deleted
+        meanwhile has nothing to run and is acked."""
+        out = []
+        for entry_id, fields in entries:
+            entry = Entry(stream, _s(entry_id), _job_data(fields), reclaimed=True)
+            if entry.data is None:
+                self.ack(entry)
+            else:
+                out.append(entry)
         return out
 
     def ack(self, entry: Entry) -> None:

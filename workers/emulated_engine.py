@@ -15,7 +15,6 @@ loaders and `export_kv`/`import_kv` use the real blob format (both import torch 
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -26,7 +25,7 @@ from syshax.shared.sampling import SamplingParams
 
 from .accelerator_profiles import AcceleratorProfile, ModelScale, load_profile, model_scale
 from .engine.config import ModelConfig
-from .engine.errors import EngineError, KVFormatError, RequestError
+from .engine.errors import EngineError, RequestError
 from .engine.outputs import EngineStats, StepOutput
 from .engine.protocol import SchedulerRequests
 from .engine.scheduler import (
@@ -205,8 +204,7 @@ class EmulatedEngine(SchedulerRequests):
     def describe_kv(self, blob: bytes | memoryview) -> dict:
         from .engine import kv_format
 
-        header, _ = kv_format.decode_header(blob)
-        return dataclasses.asdict(header)
+        return kv_format.describe(blob)
 
     def import_kv(
         self,
@@ -222,12 +220,6 @@ class EmulatedEngine(SchedulerRequests):
 
         header, _ = kv_format.decode_header(blob)
         header.check_compatible(self.config)
-        if header.num_tokens != len(prompt_ids) + len(output_ids) - 1 or (
-            not output_ids or header.next_token != output_ids[-1]
-        ):
-            raise KVFormatError(
-                f"KV blob holds {header.num_tokens} tokens with next token {header.next_token}; "
-                f"the request has {len(prompt_ids)} prompt + {len(output_ids)} output tokens"
-            )
+        header.check_request(prompt_ids, output_ids)
         seq = self.scheduler.new_sequence(request_id, prompt_ids, params, output_ids)
         self.scheduler.add_running(seq, header.num_tokens)

@@ -10,7 +10,6 @@ or dtype) to continue decoding there.
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import logging
 import time
@@ -278,8 +277,7 @@ class Engine(SchedulerRequests):
 
     def describe_kv(self, blob: bytes | memoryview) -> dict:
         """The blob's header fields (for the KV handle that records where it waits)."""
-        header, _ = kv_format.decode_header(blob)
-        return dataclasses.asdict(header)
+        return kv_format.describe(blob)
 
     def import_kv(
         self,
@@ -292,13 +290,7 @@ class Engine(SchedulerRequests):
         """Continue a request from a KV blob made by `export_kv` (any process, device or dtype)."""
         header, keys, values = kv_format.decode(blob)
         header.check_compatible(self.config)
-        if header.num_tokens != len(prompt_ids) + len(output_ids) - 1 or (
-            not output_ids or header.next_token != output_ids[-1]
-        ):
-            raise kv_format.KVFormatError(
-                f"KV blob holds {header.num_tokens} tokens with next token {header.next_token}; "
-                f"the request has {len(prompt_ids)} prompt + {len(output_ids)} output tokens"
-            )
+        header.check_request(prompt_ids, output_ids)
         seq = self.scheduler.new_sequence(request_id, prompt_ids, params, output_ids)
         self.scheduler.add_running(seq, header.num_tokens)
         try:

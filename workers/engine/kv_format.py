@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import struct
 import warnings
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import torch
@@ -63,6 +64,22 @@ class KVHeader:
                 f"KV blob comes from model {self.model_name!r} (id {self.model_id}), not "
                 f"{config.name!r} (id {config.fingerprint()}): same shape, different model"
             )
+
+    def check_request(self, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> None:
+        """Refuse a blob that is not this request's KV: it must hold every token but the last
+        output, and the last output must be its next token."""
+        if self.num_tokens != len(prompt_ids) + len(output_ids) - 1 or (
+            not output_ids or self.next_token != output_ids[-1]
+        ):
+            raise KVFormatError(
+                f"KV blob holds {self.num_tokens} tokens with next token {self.next_token}; "
+                f"the request has {len(prompt_ids)} prompt + {len(output_ids)} output tokens"
+            )
+
+
+def describe(blob: bytes | memoryview) -> dict:
+    """The blob's header fields (for the KV handle that records where it waits)."""
+    return asdict(decode_header(blob)[0])
 
 
 def encode(config: ModelConfig, keys: torch.Tensor, values: torch.Tensor, next_token: int) -> bytes:
