@@ -20,6 +20,9 @@ the workers' heartbeats and the decode streams. The policy, in order:
    at the per-sequence speed the class would have with one more sequence. The CPU gets the
    job only if it would not finish later than on the xPU, so a slow CPU never becomes the
    tail of a burst. Without measurements yet, speeds count as equal.
+
+Each decision names the rule that made it (`Decision.rule`, one of `RULES`: a metric label)
+and the reason in words with its numbers (`Decision.reason`: the dispatch log).
 """
 
 from __future__ import annotations
@@ -73,10 +76,24 @@ class DeviceLoad:
         return self.decode_tps / (self.load + 1)
 
 
+# The rule that picked the device (a Decision's `rule`: a metric label, so a fixed set).
+RULES = (
+    "decode_device",  # decode_device xpu / cpu (auto_pd_offload false = xpu)
+    "no_cpu_decoder",  # no live CPU decode worker
+    "no_xpu_decoder",  # no live xPU decode worker
+    "slo",  # the SLO rule: the first class that keeps slo_itl_s with one more stream
+    "slo_queue",  # the SLO rule: no class keeps it, the job waits on the xPU's stream
+    "capacity",  # one class (or both) at capacity
+    "speed",  # both have room: the class that finishes the job first
+    "balance",  # both have room, no speed measured: the less loaded class
+)
+
+
 @dataclass
 class Decision:
     device: str
-    reason: str
+    reason: str  # in words, with the numbers behind it (the dispatch log)
+    rule: str = ""  # one of RULES
 
 
 @dataclass
@@ -89,6 +106,14 @@ class Dispatcher:
     cpu_tail_tolerance: float = 1.0
     history: list[Decision] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        if self.decode_device not in DECODE_DEVICES:
+            raise ValueError(
+                f"decode_device must be one of {DECODE_DEVICES}, not {self.decode_device!r}"
+            )
+        if self.slo_itl_s is not None and not self.slo_itl_s > 0:
+            raise ValueError(f"slo_itl_s must be > 0 seconds or None, not {self.slo_itl_s!r}")
+
     def choose(self, gpu: DeviceLoad, cpu: DeviceLoad, remaining_tokens: int) -> Decision:
         decision = self._choose(gpu, self._cap_cpu(cpu), max(remaining_tokens, 1))
         self.history = (self.history + [decision])[-100:]
@@ -99,14 +124,16 @@ class Dispatcher:
         return DeviceLoad(cpu.workers, cap, cpu.running, cpu.queued, cpu.decode_tps, cpu.step_model)
 
     def _choose(self, gpu: DeviceLoad, cpu: DeviceLoad, tokens: int) -> Decision:
-        if not self.auto_pd_offload or self.decode_device == "xpu":
-            return Decision(GPU, "decode_device is xpu")
+        if not self.auto_pd_offload:
+            return Decision(GPU, "auto_pd_offload is false", "decode_device")
+        if self.decode_device == "xpu":
+            return Decision(GPU, "decode_device is xpu", "decode_device")
         if cpu.workers == 0:
-            return Decision(GPU, "no CPU decode worker")
+            return Decision(GPU, "no CPU decode worker", "no_cpu_decoder")
         if self.decode_device == "cpu":
-            return Decision(CPU, "decode_device is cpu")
+            return Decision(CPU, "decode_device is cpu", "decode_device")
         if gpu.workers == 0:
-            return Decision(CPU, "no xPU decode worker")
+            return Decision(CPU, "no xPU decode worker", "no_xpu_decoder")
         gpu_room, cpu_room = gpu.has_room(), cpu.has_room()
         if self.slo_itl_s is not None:
             return self._by_slo(gpu, cpu, gpu_room, cpu_room)
@@ -115,37 +142,45 @@ class Dispatcher:
             gpu_wait = gpu.load / max(gpu.capacity, 1)
             cpu_wait = cpu.load / max(cpu.capacity, 1)
             if cpu_wait < gpu_wait:
-                return Decision(CPU, "both full; shorter CPU queue")
-            return Decision(GPU, "both full; shorter xPU queue")
+                return Decision(CPU, "both full; shorter CPU queue", "capacity")
+            return Decision(GPU, "both full; shorter xPU queue", "capacity")
         if not cpu_room:
-            return Decision(GPU, "CPU at capacity")
+            return Decision(GPU, "CPU at capacity", "capacity")
         if not gpu_room:
-            return Decision(CPU, "xPU at capacity")
+            return Decision(CPU, "xPU at capacity", "capacity")
         gpu_speed, cpu_speed = gpu.per_sequence_tps(), cpu.per_sequence_tps()
         if gpu_speed > 0 and cpu_speed > 0:
             gpu_finish, cpu_finish = tokens / gpu_speed, tokens / cpu_speed
             if cpu_finish <= gpu_finish * self.cpu_tail_tolerance:
-                return Decision(CPU, f"CPU finishes first ({cpu_finish:.1f}s vs {gpu_finish:.1f}s)")
-            return Decision(GPU, f"xPU finishes first ({gpu_finish:.1f}s vs {cpu_finish:.1f}s)")
+                why = f"CPU finishes first ({cpu_finish:.1f}s vs {gpu_finish:.1f}s)"
+                return Decision(CPU, why, "speed")
+            why = f"xPU finishes first ({gpu_finish:.1f}s vs {cpu_finish:.1f}s)"
+            return Decision(GPU, why, "speed")
         # No measurements yet: balance by the fraction of capacity in use.
         if cpu.load / cpu.capacity < gpu.load / gpu.capacity:
-            return Decision(CPU, "CPU less loaded (no speed measured yet)")
-        return Decision(GPU, "xPU less loaded (no speed measured yet)")
+            return Decision(CPU, "CPU less loaded (no speed measured yet)", "balance")
+        return Decision(GPU, "xPU less loaded (no speed measured yet)", "balance")
 
     def _by_slo(self, gpu: DeviceLoad, cpu: DeviceLoad, gpu_room: bool, cpu_room: bool) -> Decision:
         """Rule 2: the xPU first while it keeps the SLO, then the CPU while it keeps it."""
         slo_ms = self.slo_itl_s * 1e3
         gpu_itl, cpu_itl = gpu.predicted_itl(), cpu.predicted_itl()
         if gpu_room and (gpu_itl is None or gpu_itl <= self.slo_itl_s):
-            return Decision(GPU, f"xPU within the SLO ({_ms(gpu_itl)} <= {slo_ms:.0f} ms)")
+            why = f"xPU within the SLO ({_ms(gpu_itl)} <= {slo_ms:.0f} ms)"
+            return Decision(GPU, why, "slo")
         if cpu_room and (cpu_itl is None or cpu_itl <= self.slo_itl_s):
-            return Decision(CPU, f"CPU within the SLO ({_ms(cpu_itl)} <= {slo_ms:.0f} ms)")
+            why = f"CPU within the SLO ({_ms(cpu_itl)} <= {slo_ms:.0f} ms)"
+            return Decision(CPU, why, "slo")
         # Neither keeps the SLO with one more stream (or has room): the job waits on the xPU's
         # stream, which its worker takes from only as slots free up. Queued on the CPU it would
         # start there as soon as the CPU had a slot, past the SLO.
         why = f"xPU {_ms(gpu_itl)}, CPU {_ms(cpu_itl)} vs SLO {slo_ms:.0f} ms"
-        return Decision(GPU, f"queued on the xPU: no class keeps the SLO with one more ({why})")
+        why = f"queued on the xPU: no class keeps the SLO with one more ({why})"
+        return Decision(GPU, why, "slo_queue")
 
 
 def _ms(seconds: float | None) -> str:
-    return "unmeasured" if seconds is None else f"{seconds * 1e3:.0f} ms"
+    if seconds is None:
+        return "unmeasured"
+    ms = seconds * 1e3
+    return f"{ms:.0f} ms" if ms >= 10 else f"{ms:.2g} ms"  # a GPU's step: 0.11 ms, not 0 ms

@@ -303,10 +303,14 @@ class Heartbeat:
         pipe.execute()
 
 
-def record_dispatch(r: redis.Redis, device: str, reason: str, keys: Keys = KEYS) -> None:
-    """Log a dispatcher decision (the last 100, for `syshax top`) and count it per device."""
+def record_dispatch(
+    r: redis.Redis, device: str, reason: str, keys: Keys = KEYS, rule: str = ""
+) -> None:
+    """Log a dispatcher decision (the last 100, for `syshax top`: `<unix time> <device>
+    [<rule>] <reason>`) and count it per device."""
+    what = f"[{rule}] {reason}" if rule else reason
     pipe = r.pipeline(transaction=False)
-    pipe.lpush(keys.dispatch_log, f"{time.time():.3f} {device} {reason}")
+    pipe.lpush(keys.dispatch_log, f"{time.time():.3f} {device} {what}")
     pipe.ltrim(keys.dispatch_log, 0, 99)
     pipe.incr(keys.dispatch_count(device))
     pipe.execute()

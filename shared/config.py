@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from . import env
+from .config_check import between_keys, check
 from .config_schema import (
     DTYPES,
     FIELDS,
@@ -38,7 +39,7 @@ from .config_schema import (
     OutputConfig,
     QueueConfig,
     RedisConfig,
-    check,
+    SloConfig,
     kind,
     unknown_key,
 )
@@ -60,6 +61,7 @@ __all__ = [
     "OutputConfig",
     "QueueConfig",
     "RedisConfig",
+    "SloConfig",
     "config_keys",
     "default_config_path",
     "derive_model_name",
@@ -111,11 +113,12 @@ def parse_value(key: str, text: str) -> Any:
             if raw.lower() not in _BOOL_WORDS:
                 raise ValueError(f"expected true/false (yes/no, 1/0), got {text!r}")
             return _BOOL_WORDS[raw.lower()]
-        if value_kind is int:
+        if value_kind in (int, float):
             try:
-                value: Any = int(raw)
+                value: Any = value_kind(raw)
             except ValueError:
-                raise ValueError(f"expected an integer, got {text!r}") from None
+                what = "an integer" if value_kind is int else "a number"
+                raise ValueError(f"expected {what}, got {text!r}") from None
         elif value_kind is list:
             if raw.startswith("["):
                 try:
@@ -163,11 +166,15 @@ def _unknown_key_error(key: str) -> ConfigError:
 
 
 def set_key(cfg: Config, key: str, value: str) -> Config:
-    """A copy of cfg with one key set from its command-line text (parsed and checked by type)."""
+    """A copy of cfg with one key set from its command-line text (parsed and checked by type,
+    and against the other keys: `config_check.between_keys`)."""
     if key not in FIELDS:
         raise _unknown_key_error(key)
     new = copy.deepcopy(cfg)
     _set(new, key, parse_value(key, value))
+    problems = between_keys(new)  # a file the loader would refuse is never written
+    if problems:
+        raise ConfigError("\n".join(f"{k}: {m}" for k, m in problems), problems)
     return new
 
 

@@ -4,8 +4,9 @@ Each field carries its key's default, type, value rule (ge/le, Literal choices o
 one-line doc (`Field(description=...)`); each section's doc is its class docstring. Everything
 else is derived from the models at import: the dotted-key table (`FIELDS`, `KEY_DOCS`,
 `SECTION_DOCS`), the comments `save_config` writes, `syshax config --help`, the docs table
-test. `check` validates a nested dict (as YAML gives) and turns pydantic's errors into the
-plain-words messages the CLI prints. Torch-free and Redis-free.
+test. `config_check.check` validates a nested dict (as YAML gives), applies the rules between
+keys and turns pydantic's errors into the plain-words messages the CLI prints. Torch-free and
+Redis-free.
 
 Types are strict: an integer key refuses 1.5 and true, a bool key refuses "yes" (the command
 line's words are parsed by `config.parse_value` first), null is accepted only by the Optional
@@ -20,8 +21,7 @@ import types
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
-import annotated_types
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from pydantic.fields import FieldInfo
 
 
@@ -50,6 +50,10 @@ LogLevel = Literal["debug", "info", "warning", "error", "critical"]
 # workers a KV cache waits in shared memory (one host) or Redis (any host). (An in-process
 # "local" store that could not cross processes was accepted here once and crashed the worker.)
 KVStore = Literal["auto", "shm", "redis"]
+# The xPU worker's engine. A "vllm" engine (vLLM serving the xPU role) comes with issue 13.
+GpuEngine = Literal["native", "emulated"]
+# Where decodes run: auto = the dispatcher decides per request; xpu / cpu force a class.
+DecodeDevice = Literal["auto", "xpu", "cpu"]
 
 
 def _pattern(regex: str, hint: str) -> dict[str, Any]:
@@ -114,6 +118,14 @@ class GpuConfig(_Section):
         ge=1,
         description="threads when the xPU worker runs on the CPU; null = every core when it is the only worker (no accelerator, cpu.workers 0), else half the cores (min 1)",
     )
+    engine: Annotated[GpuEngine, BeforeValidator(_text)] = Field(
+        "native",
+        description="the xPU worker's engine: native | emulated; native = the model on gpu.device; emulated = no model runs, each step sleeps for the time gpu.profile predicts (a GPU host's dispatch on a host without one; its text is meaningless; docs/emulated-accelerator.md)",
+    )
+    profile: Text = Field(
+        "h100",
+        description="accelerator profile of gpu.engine emulated: a built-in name (h100, a100-40gb, a10) or the path of a YAML/JSON profile file (checked by check-config)",
+    )
 
 
 class CpuConfig(_Section):
@@ -137,6 +149,17 @@ class CpuConfig(_Section):
         None,
         ge=1,
         description="torch threads per CPU decode worker; null = half the cores (min 1)",
+    )
+
+
+class SloConfig(_Section):
+    """service-level objectives the dispatcher keeps"""
+
+    itl_ms: float | None = Field(
+        None,
+        gt=0,
+        allow_inf_nan=False,
+        description="inter-token latency objective in ms (a number > 0); null = none. With decode_device auto, a decode goes to the xPU while its predicted inter-token latency with one more stream stays within it, else to the CPU while the CPU's does, else it queues on the xPU",
     )
 
 
@@ -202,7 +225,11 @@ class Config(_Section):
     )
     auto_pd_offload: bool = Field(
         True,
-        description="send each decode to the CPU or the xPU, whichever is less loaded; false keeps every decode on the xPU",
+        description="false keeps every decode on the xPU (the same as decode_device xpu; an error with decode_device cpu); true = decode_device decides",
+    )
+    decode_device: Annotated[DecodeDevice, BeforeValidator(_text)] = Field(
+        "auto",
+        description="where decodes run: auto | xpu | cpu; auto = the dispatcher picks per request (by slo.itl_ms when set, else by load and speed); xpu = every decode on the xPU; cpu = every decode on the CPU workers (the xPU only prefills while one is alive)",
     )
     cpu_max_batch_size: int = Field(
         8, ge=1, description="most sequences a CPU decode worker runs at once"
@@ -224,6 +251,7 @@ class Config(_Section):
     conductor: ConductorConfig = Field(default_factory=ConductorConfig)
     gpu: GpuConfig = Field(default_factory=GpuConfig)
     cpu: CpuConfig = Field(default_factory=CpuConfig)
+    slo: SloConfig = Field(default_factory=SloConfig)
     queue: QueueConfig = Field(default_factory=QueueConfig)
     kv: KVConfig = Field(default_factory=KVConfig)
     output: OutputConfig = Field(default_factory=OutputConfig)
@@ -239,6 +267,8 @@ class Config(_Section):
     def from_dict(cls, data: dict[str, Any]) -> Config:
         """A Config from a nested dict (as YAML gives); missing keys keep their defaults.
         Raises ConfigError listing every unknown key and bad value."""
+        from .config_check import check  # the checks (config_check imports this module)
+
         cfg, problems = check(data)
         if problems:
             raise ConfigError("\n".join(f"{k}: {m}" for k, m in problems), problems)
@@ -250,6 +280,11 @@ class Config(_Section):
         from .config import derive_model_name  # the one derivation (config imports this module)
 
         return self.served_model_name or derive_model_name(self.model)
+
+    @property
+    def slo_itl_s(self) -> float | None:
+        """The inter-token latency objective in seconds (the dispatcher's unit), or None."""
+        return None if self.slo.itl_ms is None else self.slo.itl_ms / 1e3
 
     def model_path(self) -> Path:
         """The model file or folder; raises FileNotFoundError for a missing default model."""
@@ -294,7 +329,8 @@ def _strip(tp: Any) -> tuple[Any, bool]:
 
 
 def kind(key: str) -> tuple[type, bool]:
-    """The value kind of a key (int, bool, str or list of str) and whether null is allowed."""
+    """The value kind of a key (int, float, bool, str or list of str) and whether null is
+    allowed."""
     tp, optional = _strip(FIELDS[key].annotation)
     if get_origin(tp) is Literal:
         return str, optional
@@ -310,80 +346,10 @@ def choices(key: str) -> tuple[str, ...]:
 DTYPES = get_args(DType)
 LOG_LEVELS = get_args(LogLevel)
 KV_STORES = get_args(KVStore)
+GPU_ENGINES = get_args(GpuEngine)
+DECODE_DEVICES = get_args(DecodeDevice)
 
 
 def unknown_key(key: str, candidates: list[str]) -> str:
     close = difflib.get_close_matches(key, candidates, n=1, cutoff=0.6)
     return f"unknown key {key!r}" + (f"; did you mean {close[0]!r}?" if close else "")
-
-
-# ---- checking a nested dict, with pydantic's errors in plain words ----
-
-
-def check(data: Any) -> tuple[Config, list[tuple[str, str]]]:
-    """A Config from a nested dict and every problem found, each as (dotted key, message), in
-    the order the keys appear in data (one per key). With problems the Config is the defaults.
-    An empty (null) section keeps its defaults."""
-    if not isinstance(data, dict):
-        return Config(), [("", f"expected a mapping of keys to values, got {type(data).__name__}")]
-    flat: dict[str, Any] = {}
-    for name, value in data.items():
-        name = str(name)
-        if name in SECTIONS and value is None:
-            continue
-        if name in SECTIONS and isinstance(value, dict):
-            value = {str(sub): v for sub, v in value.items()}
-        flat[name] = value
-        if name in SECTIONS and isinstance(value, dict):
-            flat |= {f"{name}.{sub}": v for sub, v in value.items()}
-    clean = {k: v for k, v in flat.items() if "." not in k}
-    try:
-        return Config.model_validate(clean), []
-    except ValidationError as exc:
-        errors = exc.errors()
-    order = {key: i for i, key in enumerate(flat)}
-    problems: dict[str, str] = {}
-    for err in errors:
-        parts = [str(p) for p in err["loc"] if not isinstance(p, int)]
-        key = ".".join(parts[:2])
-        if key not in problems:
-            problems[key] = _message(key, err)
-    return Config(), sorted(problems.items(), key=lambda kv: order.get(kv[0], len(order)))
-
-
-def _message(key: str, err: Any) -> str:
-    """One pydantic error as the plain-words message for its dotted key."""
-    kind_, value, ctx = err["type"], err.get("input"), err.get("ctx") or {}
-    if kind_ == "extra_forbidden":
-        section = key.rpartition(".")[0]
-        if section:
-            candidates = [k for k in FIELDS if k.startswith(section + ".")]
-        else:
-            candidates = [k for k in FIELDS if "." not in k] + list(SECTIONS)
-        return unknown_key(key, candidates)
-    if key in SECTIONS:
-        subkeys = [k for k in FIELDS if k.startswith(key + ".")]
-        return f"expected a section with keys {', '.join(subkeys)}"
-    info = FIELDS[key]
-    if value is None and not isinstance(err["loc"][-1], int):
-        return "may not be null"
-    if kind_ == "value_error":
-        return str(ctx.get("error", err["msg"]))
-    if kind_ == "int_type":
-        return f"expected an integer, got {value!r}"
-    if kind_ == "bool_type":
-        return f"expected true or false, got {value!r}"
-    if kind_ == "list_type":
-        return f"expected a list of strings, got {value!r}"
-    if kind_ == "string_type":
-        return f"expected a string, got {value!r}"
-    if kind_ in ("greater_than_equal", "less_than_equal"):
-        lo = next((m.ge for m in info.metadata if isinstance(m, annotated_types.Ge)), None)
-        hi = next((m.le for m in info.metadata if isinstance(m, annotated_types.Le)), None)
-        return f"must be {f'between {lo} and {hi}' if hi is not None else f'>= {lo}'}, got {value}"
-    if kind_ == "literal_error":
-        return f"must be one of {', '.join(choices(key))}; got {value!r}"
-    if kind_ == "string_pattern_mismatch":
-        extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
-        return f"must be {extra.get('hint', ctx.get('pattern'))}; got {value!r}"
-    return str(err["msg"])

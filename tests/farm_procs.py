@@ -2,9 +2,10 @@
 process with its log in `logdir`) on a Redis server of the farm's own, driven through real HTTP
 clients: for tests that kill, freeze or restart parts of the farm.
 
-Workers run the echo engine by default (`engine="model"`: the real one): its output token i is
-prompt token i (cycling), and `step_delay` makes generations last long enough to kill a worker
-in the middle of one. They run with a short heartbeat TTL (`HEARTBEAT_TTL` here, 10 s in
+Workers run the echo engine by default (`engine="model"`: the real one; `"emulated"`: an
+emulated accelerator, as is `None` for an xPU-class worker with the `gpu_engine="emulated"`
+option): its output token i is prompt token i (cycling), and `step_delay` makes generations
+last long enough to kill a worker in the middle of one. They run with a short heartbeat TTL (`HEARTBEAT_TTL` here, 10 s in
 production) so a killed worker's jobs are claimed in seconds.
 """
 
@@ -51,6 +52,10 @@ class ProcFarm:
         cfg.queue.max_depth = config.pop("max_queue_depth", 256)
         cfg.output.ttl = config.pop("output_ttl", 600)
         cfg.kv.store = config.pop("kv_store", "auto")
+        cfg.decode_device = config.pop("decode_device", "auto")
+        cfg.slo.itl_ms = config.pop("slo_itl_ms", None)
+        cfg.gpu.engine = config.pop("gpu_engine", "native")
+        cfg.gpu.profile = config.pop("gpu_profile", "h100")
         assert not config, f"unknown farm options {config}"
         self.cfg = cfg
         self.config = tmp / "config.yaml"
@@ -105,17 +110,19 @@ class ProcFarm:
         step_delay: float = 0.0,
         heartbeat_ttl: float | None = HEARTBEAT_TTL,
         slots: int | None = None,
-        engine: str = "echo",
+        engine: str | None = "echo",
         drain_timeout: float | None = 2.0,
         args: tuple[str, ...] = (),
         env: dict[str, str] | None = None,
     ) -> str:
-        """Start a worker; returns its id (also its name here). None = the worker's default;
-        `args` are more `syshax worker` options, `env` more environment variables."""
+        """Start a worker; returns its id (also its name here). None = the worker's default
+        (for `engine`: the config's, gpu.engine for the xPU class); `args` are more
+        `syshax worker` options, `env` more environment variables."""
         if name is None:
             self.serial += 1
             name = f"{device_class}-{self.serial}"
-        argv = ["worker", "--engine", engine, "--roles", roles, "--device-class", device_class]
+        argv = ["worker", "--roles", roles, "--device-class", device_class]
+        argv += ["--engine", engine] if engine else []
         argv += ["--redis-url", self.redis.url, "--id", name]
         if engine == "echo":
             argv += ["--step-delay", str(step_delay)]
@@ -127,6 +134,11 @@ class ProcFarm:
             argv += ["--max-batch-size", str(slots)]
         self._spawn(name, argv + list(args), env)
         return name
+
+    def save_config(self) -> None:
+        """Write `self.cfg` (changed by a test) to the farm's file: processes started later
+        read it."""
+        save_config(self.cfg, self.config)
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         proc = self.procs.pop(name)

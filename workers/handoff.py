@@ -9,6 +9,7 @@ MULTI that acks the prefill entry.
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 from syshax.broker.dispatcher import Decision
@@ -17,6 +18,8 @@ from syshax.broker.worker_io import device_loads, record_dispatch
 
 if TYPE_CHECKING:
     from .worker import Job, Worker
+
+log = logging.getLogger(__name__)
 
 
 def decide(worker: Worker, job: Job) -> Decision:
@@ -29,7 +32,7 @@ def decide(worker: Worker, job: Job) -> Decision:
     others = [w for w in worker.peers() if w.get("id") != worker.opts.worker_id]
     loads = device_loads(worker.r, [*others, me], worker.keys)
     decision = worker.dispatcher.choose(loads["gpu"], loads["cpu"], remaining)
-    _record(worker, decision)
+    _record(worker, job, decision)
     return decision
 
 
@@ -68,6 +71,10 @@ def _store_for(worker: Worker, device_class: str) -> str:
     return "shm" if hosts <= {worker.heartbeat.static["host"]} else "redis"
 
 
-def _record(worker: Worker, decision: Decision) -> None:
-    record_dispatch(worker.r, decision.device, decision.reason, worker.keys)
-    worker.metrics.dispatch.labels(**worker.metrics.labels, device=decision.device).inc()
+def _record(worker: Worker, job: Job, decision: Decision) -> None:
+    record_dispatch(worker.r, decision.device, decision.reason, worker.keys, decision.rule)
+    labels = worker.metrics.labels
+    worker.metrics.dispatch.labels(**labels, device=decision.device, rule=decision.rule).inc()
+    log.debug(
+        "dispatch %s -> %s [%s] %s", job.request_id, decision.device, decision.rule, decision.reason
+    )

@@ -52,8 +52,9 @@ class WorkerMetrics:
         self.kv_recomputes = counter("kv_recomputes", "sequences resumed by recomputing their KV")
         self.dispatch = Counter(
             "syshax:dispatcher_decisions",
-            "dispatcher decisions made here",
-            [*names, "device"],
+            "dispatcher decisions made here, by the device chosen and the rule that chose it "
+            "(broker/dispatcher.py RULES)",
+            [*names, "device", "rule"],
             registry=self.registry,
         )
         self.labels = labels

@@ -39,6 +39,9 @@ def run(args: argparse.Namespace) -> int:
     kernels = _cpu_kernels_line(cfg)
     if kernels:
         print(kernels)
+    xpu, profile_problems = _xpu_engine(cfg)
+    print(xpu)
+    print(_dispatch_line(cfg))
     if cfg.redis.url:
         print(f"redis: {redact_url(cfg.redis.url)}")
     else:
@@ -49,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
             reader()
         except env.EnvError as exc:
             problems.append(f"environment: {exc}")
-    problems += _cpu_worker_problems(cfg)
+    problems += _cpu_worker_problems(cfg) + profile_problems
     if problems:
         print(f"{len(problems)} problem(s):")
         for problem in problems:
@@ -57,6 +60,33 @@ def run(args: argparse.Namespace) -> int:
         return 1
     print(f"config OK: {path}" + ("" if exists else " (built-in defaults)"))
     return 0
+
+
+def _xpu_engine(cfg) -> tuple[str, list[str]]:
+    """The xPU worker's engine in words, and the problems of an emulated one's profile (it must
+    load: a built-in name or a valid profile file)."""
+    if cfg.gpu.engine != "emulated":
+        return f"xpu worker: the model on gpu.device {cfg.gpu.device}", []
+    from syshax.workers.accelerator_profiles import ProfileError, load_profile
+
+    try:
+        profile = load_profile(cfg.gpu.profile)
+    except ProfileError as exc:
+        return "xpu worker: EMULATED accelerator, profile not loadable", [f"gpu.profile: {exc}"]
+    return (
+        f"xpu worker: EMULATED accelerator {profile.name!r} ({profile.description}): "
+        "no model runs there, its text is meaningless",
+        [],
+    )
+
+
+def _dispatch_line(cfg) -> str:
+    device = cfg.decode_device
+    if not cfg.auto_pd_offload:
+        device = "xpu (auto_pd_offload false)"
+    slo = "none" if cfg.slo.itl_ms is None else f"{cfg.slo.itl_ms:g} ms"
+    used = "" if device == "auto" or cfg.slo.itl_ms is None else " (used with decode_device auto)"
+    return f"decodes: decode_device {device}; inter-token latency SLO {slo}{used}"
 
 
 def _cpu_worker_problems(cfg) -> list[str]:

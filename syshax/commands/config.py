@@ -45,13 +45,15 @@ def keys_help() -> str:
         )
     out += [
         "",
-        "values: integers; true/false (yes/no, 1/0); null (or none) for the optional keys;",
-        "lists (api_keys) as a,b,c or [a, b, c].",
+        "values: integers; numbers (slo.itl_ms); true/false (yes/no, 1/0); null (or none) for",
+        "the optional keys; lists (api_keys) as a,b,c or [a, b, c].",
         "",
         "examples:",
         "  syshax init",
         "  syshax config gpu.port 8100",
         "  syshax config auto_pd_offload false",
+        "  syshax config slo.itl_ms 50",
+        "  syshax config gpu.engine emulated",
         "  syshax config redis.url redis://:secret@redis.example:6379/0",
         "  syshax config cpu_max_batch_size",
         "  syshax check-config",

@@ -10,9 +10,12 @@ decode worker takes the decodes the dispatcher sends to the CPU. With none, a se
 would only split the same cores into two halves that each read all the weights (measured in
 docs/benchmarks.md: the split served less than one worker), so the default is one worker with
 both roles on every core; `cpu.workers` / `--cpu-workers` still ask for the split (the PD
-pipeline stays testable on any host). A child that exits unexpectedly is restarted with a capped backoff. On Ctrl-C or
-SIGTERM it stops in uvicorn's order: the gateway first (no new requests), then the workers
-(they drain), then Redis.
+pipeline stays testable on any host). An emulated accelerator (`gpu.engine: emulated` or
+`--engine emulated`: the xPU worker sleeps for a profile's step times and runs no model) counts
+as an accelerator: by default one real CPU decode worker beside it, so a GPU host's dispatch
+runs on a host without one. A child that exits unexpectedly is restarted with a capped backoff.
+On Ctrl-C or SIGTERM it stops in uvicorn's order: the gateway first (no new requests), then the
+workers (they drain), then Redis.
 """
 
 from __future__ import annotations
@@ -41,9 +44,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--engine",
-        choices=("model", "echo"),
-        default="model",
-        help="echo = zero-cost stand-in engine, to measure the farm's own overhead (default: %(default)s)",
+        choices=("model", "echo", "emulated"),
+        default=None,
+        help="model = the real engine in every worker; echo = zero-cost stand-in engine in every "
+        "worker, to measure the farm's own overhead; emulated = an emulated accelerator as the "
+        "xPU worker (gpu.profile's step times, meaningless text) beside real CPU decode workers "
+        "(default: gpu.engine for the xPU worker, native = model; model for the CPU workers)",
     )
     p.add_argument(
         "--cpu-workers",
@@ -66,9 +72,19 @@ def has_accelerator(device: str) -> bool:
     return os.path.isdir(gpus) and bool(os.listdir(gpus))
 
 
-def layout(cfg, cpu_workers: int | None) -> tuple[int, int | None]:
-    """(CPU decode workers, threads for the xPU worker or None for its own default)."""
-    accel = has_accelerator(cfg.gpu.device)
+def engines(cfg, engine: str | None) -> tuple[str, str]:
+    """(the xPU worker's engine, the CPU workers' engine) for `--engine` (None = the config)."""
+    if engine in ("model", "echo"):
+        return engine, engine
+    emulated = engine == "emulated" or (engine is None and cfg.gpu.engine == "emulated")
+    return ("emulated" if emulated else "model"), "model"
+
+
+def layout(cfg, cpu_workers: int | None, xpu_engine: str | None = None) -> tuple[int, int | None]:
+    """(CPU decode workers, threads for the xPU worker or None for its own default).
+    `xpu_engine` None = the config's; an emulated accelerator counts as an accelerator."""
+    emulated = (xpu_engine or engines(cfg, None)[0]) == "emulated"
+    accel = emulated or has_accelerator(cfg.gpu.device)
     n_cpu = cpu_workers if cpu_workers is not None else cfg.cpu.workers
     if n_cpu is None:
         n_cpu = 1 if accel else 0
@@ -82,10 +98,13 @@ def layout(cfg, cpu_workers: int | None) -> tuple[int, int | None]:
 def _children(args, cfg, config_path: str | None, url: str) -> list[Child]:
     base = [sys.executable, "-m", "syshax.cli"]
     common = ["--redis-url", url] + (["--config", config_path] if config_path else [])
-    n_cpu, xpu_threads = layout(cfg, args.cpu_workers)
+    xpu_engine, cpu_engine = engines(cfg, args.engine)
+    n_cpu, xpu_threads = layout(cfg, args.cpu_workers, xpu_engine)
+    emulated = f", EMULATED {cfg.gpu.profile}" if xpu_engine == "emulated" else ""
     log.warning(
-        "layout: xPU-role worker (prefill + decode%s) + %d CPU decode worker(s)",
+        "layout: xPU-role worker (prefill + decode%s%s) + %d CPU decode worker(s)",
         f", {xpu_threads} threads" if xpu_threads else "",
+        emulated,
         n_cpu,
     )
     workers = [
@@ -99,7 +118,7 @@ def _children(args, cfg, config_path: str | None, url: str) -> list[Child]:
                 "--device-class",
                 "gpu",
                 "--engine",
-                args.engine,
+                xpu_engine,
             ]
             + (["--threads", str(xpu_threads)] if xpu_threads else [])
             + common,
@@ -119,7 +138,7 @@ def _children(args, cfg, config_path: str | None, url: str) -> list[Child]:
                     "--device-class",
                     "cpu",
                     "--engine",
-                    args.engine,
+                    cpu_engine,
                     "--port",  # CPU worker i serves /metrics on cpu.port + i
                     str(cfg.cpu.port + i),
                 ]
@@ -148,6 +167,15 @@ def run(args: argparse.Namespace) -> int:
     from syshax.shared.logs import apply_log_level
 
     apply_log_level(cfg.log_level)
+    if engines(cfg, args.engine)[0] == "emulated":
+        # Checked here, once: a worker that cannot load it would only be restarted in a loop.
+        from syshax.workers.accelerator_profiles import ProfileError, load_profile
+
+        try:
+            load_profile(cfg.gpu.profile)
+        except ProfileError as exc:
+            print(f"syshax run: gpu.profile: {exc}", file=sys.stderr)
+            return 2
     embedded = None
     url = cfg.redis.url
     if not url:

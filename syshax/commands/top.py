@@ -37,6 +37,7 @@ def snapshot(r, keys) -> dict:
 def render(snap: dict):
     from rich.console import Group
     from rich.table import Table
+    from rich.text import Text
 
     workers = Table(title="workers", expand=True)
     for col in ("id", "class", "device", "roles", "running/capacity", "waiting", "decode tok/s"):
@@ -66,7 +67,7 @@ def render(snap: dict):
         stamp, _, rest = d.partition(" ")
         with contextlib.suppress(ValueError):  # a foreign entry keeps its raw stamp
             stamp = time.strftime("%H:%M:%S", time.localtime(float(stamp)))
-        recent.add_row(f"{stamp} {rest}")
+        recent.add_row(Text(f"{stamp} {rest}"))  # plain text: "[slo]" is no markup tag
     return Group(workers, queues, recent)
 
 

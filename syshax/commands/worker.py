@@ -1,4 +1,10 @@
-"""`syshax worker`: one worker process (one engine on one device, roles prefill and/or decode)."""
+"""`syshax worker`: one worker process (one engine on one device, roles prefill and/or decode).
+
+Engines: `model` (the real one, on --device), `echo` (a zero-cost stand-in) and `emulated` (an
+emulated accelerator for the xPU role: steps sleep for an accelerator profile's predicted time,
+workers/emulated_engine.py). Without --engine the xPU class follows `gpu.engine` (native =
+model) and the CPU class runs the model. A worker that prefills decides where each decode
+goes with the config's `decode_device`, `auto_pd_offload` and `slo.itl_ms`."""
 
 from __future__ import annotations
 
@@ -15,6 +21,7 @@ import uuid
 log = logging.getLogger("syshax.worker")
 MAX_BACKOFF = 10.0  # seconds between reconnection attempts while Redis is down, at most
 STABLE_S = 30.0  # connected this long: the backoff starts again from its shortest wait
+ENGINES = ("model", "echo", "emulated")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -38,7 +45,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         choices=("gpu", "cpu"),
         default=None,
         help="which decode stream this worker serves: gpu = the xPU role (even when it runs on a CPU), "
-        "cpu = CPU decode (default: cpu for a decode-only worker on the CPU, else gpu)",
+        "cpu = CPU decode (default: cpu for a decode-only worker of the model engine on the CPU, "
+        "else gpu)",
     )
     p.add_argument("--id", default=None, help="worker id (default: <class>-<host>-<pid>)")
     p.add_argument(
@@ -78,9 +86,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--engine",
-        choices=("model", "echo"),
-        default="model",
-        help="echo = zero-cost stand-in for overhead benchmarks (default: %(default)s)",
+        choices=ENGINES,
+        default=None,
+        help="model = the real engine on --device; echo = zero-cost stand-in for overhead "
+        "benchmarks; emulated = an emulated accelerator for the xPU class (no model runs: each "
+        "step sleeps for the time --profile predicts, the text is meaningless, handed-off KV has "
+        "the real model's shape; docs/emulated-accelerator.md) (default: gpu.engine for the xPU "
+        "class, native = model; model for the cpu class)",
+    )
+    p.add_argument(
+        "--profile",
+        default=None,
+        metavar="NAME|PATH",
+        help="emulated engine only: accelerator profile, a built-in name (h100, a100-40gb, a10) "
+        "or a YAML/JSON profile file (default: gpu.profile)",
     )
     p.add_argument(
         "--step-delay",
@@ -113,11 +132,60 @@ def _resolve_device(device: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _build_engine(args, cfg, device: str, slots: int, kernels=None):
+def _engine_and_class(args, cfg, roles: frozenset[str]) -> tuple[str, str]:
+    """(engine, device class): an emulated accelerator is the xPU class; otherwise the class
+    is cpu for a decode-only worker on the CPU, else gpu; without --engine the xPU class
+    follows gpu.engine (native = model) and the CPU class runs the model."""
+    engine = args.engine
+    if args.device_class:
+        cls = args.device_class
+    elif engine == "emulated":
+        cls = "gpu"
+    else:
+        cls = "cpu" if roles == {"decode"} and (args.device or "cpu") == "cpu" else "gpu"
+    if engine is None:
+        engine = "emulated" if cls == "gpu" and cfg.gpu.engine == "emulated" else "model"
+    return engine, cls
+
+
+def _emulated_profile(args, cfg, cls: str):
+    """The accelerator profile of an emulated-engine worker (None for the other engines);
+    raises ValueError with the reason the options do not fit."""
+    if args.engine != "emulated":
+        if args.profile:
+            raise ValueError("--profile is for the emulated engine only (--engine emulated)")
+        return None
+    if cls != "gpu":
+        raise ValueError("the emulated engine is an accelerator: it serves the xPU class (gpu)")
+    if args.device:
+        raise ValueError("--device does not apply to the emulated engine (it runs no model)")
+    from syshax.workers.accelerator_profiles import ProfileError, load_profile
+
+    try:
+        return load_profile(args.profile or cfg.gpu.profile)
+    except ProfileError as exc:
+        where = "--profile" if args.profile else "gpu.profile"
+        raise ValueError(f"{where}: {exc}") from None
+
+
+def _build_engine(args, cfg, device: str, slots: int, kernels=None, profile=None):
     from syshax.shared.tokenizer import Tokenizer
     from syshax.workers.engine.loader import resolve_model_path
 
     model = args.model or cfg.model
+    if args.engine == "emulated":
+        from syshax.workers.emulated_engine import EmulatedEngine
+
+        tok = Tokenizer.from_model_path(resolve_model_path(model))
+        return EmulatedEngine(
+            model,
+            profile,
+            tok,
+            max_model_len=args.max_model_len or cfg.max_model_len,
+            max_num_seqs=slots,
+            max_num_batched_tokens=max(cfg.max_num_batched_tokens, slots),
+            prefix_caching=cfg.kv.prefix_caching,
+        )
     if args.engine == "echo":
         from syshax.workers.echo_engine import EchoEngine
 
@@ -180,10 +248,16 @@ def run(args: argparse.Namespace) -> int:
     if not roles or not roles <= {"prefill", "decode"}:
         log.error("--roles must be a comma list of prefill, decode; got %r", args.roles)
         return 2
-    cls = args.device_class or (
-        "cpu" if roles == {"decode"} and (args.device or "cpu") == "cpu" else "gpu"
-    )
-    device = _resolve_device(args.device or (cfg.gpu.device if cls == "gpu" else "cpu"))
+    args.engine, cls = _engine_and_class(args, cfg, roles)
+    try:
+        profile = _emulated_profile(args, cfg, cls)
+    except ValueError as exc:
+        log.error("%s", exc)
+        return 2
+    if profile is not None:
+        device = f"emulated:{profile.name}"  # what the heartbeat and the token events show
+    else:
+        device = _resolve_device(args.device or (cfg.gpu.device if cls == "gpu" else "cpu"))
     from syshax.shared import env
     from syshax.shared.env import EnvError
     from syshax.workers.cpu.affinity import AffinityError
@@ -231,7 +305,7 @@ def run(args: argparse.Namespace) -> int:
         log.error("%s", farm_file.NO_FARM)
         return 2
     try:
-        engine = _build_engine(args, cfg, device, slots, kernels)
+        engine = _build_engine(args, cfg, device, slots, kernels, profile)
     except EngineError as exc:
         log.error("%s", exc)
         return 2
@@ -256,7 +330,10 @@ def run(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     dispatcher = Dispatcher(
-        auto_pd_offload=cfg.auto_pd_offload, cpu_max_batch_size=cfg.cpu_max_batch_size
+        auto_pd_offload=cfg.auto_pd_offload,
+        cpu_max_batch_size=cfg.cpu_max_batch_size,
+        decode_device=cfg.decode_device,
+        slo_itl_s=cfg.slo_itl_s,
     )
     metrics = WorkerMetrics(worker_id, cls)
     section = cfg.gpu if cls == "gpu" else cfg.cpu
@@ -274,12 +351,13 @@ def run(args: argparse.Namespace) -> int:
             worker = Worker(engine, r, opts, dispatcher, Keys(cfg.redis.prefix), metrics)
             connected_at = time.monotonic()
             log.warning(
-                "worker %s ready: roles=%s device=%s class=%s slots=%d",
+                "worker %s ready: roles=%s device=%s class=%s slots=%d%s",
                 worker_id,
                 ",".join(sorted(roles)),
                 device,
                 cls,
                 slots,
+                _dispatch_note(cfg) if "prefill" in roles else "",
             )
             worker.serve(stop, drain_timeout=args.drain_timeout)
             return 0
@@ -295,6 +373,13 @@ def run(args: argparse.Namespace) -> int:
             backoff = min(backoff * 2, MAX_BACKOFF)
             continue
     return 0
+
+
+def _dispatch_note(cfg) -> str:
+    """How this prefill worker dispatches decodes, for its ready line."""
+    device = "xpu" if not cfg.auto_pd_offload else cfg.decode_device
+    slo = f", slo.itl_ms={cfg.slo.itl_ms:g}" if cfg.slo.itl_ms is not None else ""
+    return f"; decodes: decode_device={device}{slo}"
 
 
 def _abort_all(engine) -> None:

@@ -1,7 +1,8 @@
 """Dispatcher policy with an inter-token-latency SLO: the xPU first while it keeps the SLO, the
 CPU only while its predicted latency with one more stream stays within it, the rest queues."""
 
-from syshax.broker.dispatcher import CPU, GPU, DeviceLoad, Dispatcher
+import pytest
+from syshax.broker.dispatcher import CPU, GPU, RULES, DeviceLoad, Dispatcher
 from syshax.workers.engine.outputs import EngineStats
 
 # A CPU worker stepping n streams in 20 + 10 n ms; an xPU in 15 + 0.2 n ms.
@@ -82,3 +83,28 @@ def test_step_time_model_fits_the_steps_an_engine_ran():
     prefill_only = EngineStats()
     prefill_only.record(32, 0, 0.5)
     assert prefill_only.step_time_model() is None, "no decode rows: no inter-token latency"
+
+
+def test_every_decision_names_its_rule():
+    gpu = DeviceLoad(workers=1, capacity=4, running=4, step_model=GPU_STEPS)  # full
+    cpu = DeviceLoad(workers=1, capacity=8, running=3, step_model=CPU_STEPS)  # 60 ms with one more
+    none = DeviceLoad()
+    cases = [
+        (Dispatcher(auto_pd_offload=False), gpu, cpu, "decode_device"),
+        (Dispatcher(decode_device="cpu"), gpu, cpu, "decode_device"),
+        (Dispatcher(), gpu, none, "no_cpu_decoder"),
+        (Dispatcher(), none, cpu, "no_xpu_decoder"),
+        (slo(100), gpu, cpu, "slo"),  # the CPU keeps 100 ms
+        (slo(50), gpu, cpu, "slo_queue"),  # neither keeps 50 ms
+        (Dispatcher(), gpu, cpu, "capacity"),  # no SLO: the xPU is full
+    ]
+    for dispatcher, g, c, rule in cases:
+        decision = dispatcher.choose(g, c, 10)
+        assert decision.rule == rule and rule in RULES, (decision, rule)
+
+
+def test_a_bad_decode_device_or_slo_is_refused():
+    with pytest.raises(ValueError, match="decode_device"):
+        Dispatcher(decode_device="gpu")
+    with pytest.raises(ValueError, match="slo_itl_s"):
+        Dispatcher(slo_itl_s=0)

@@ -180,3 +180,36 @@ def test_config_help_lists_every_key_subprocess() -> None:
     assert "gpu.port = 8011" in out and "auto_pd_offload = true" in out
     assert KEY_DOCS["cpu_max_batch_size"] in out
     assert "syshax config gpu.port 8100" in out
+
+
+def test_check_config_loads_the_emulated_profile(path: Path, capsys) -> None:
+    assert main(["init", "--config", str(path)]) == 0
+    main(["config", "gpu.engine", "emulated", "--config", str(path)])
+    main(["config", "slo.itl_ms", "40", "--config", str(path)])
+    capsys.readouterr()
+    assert main(["check-config", "--config", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "xpu worker: EMULATED accelerator 'h100'" in out
+    assert "decodes: decode_device auto; inter-token latency SLO 40 ms" in out
+    main(["config", "gpu.profile", str(path.parent / "missing.yaml"), "--config", str(path)])
+    capsys.readouterr()
+    assert main(["check-config", "--config", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert "  - gpu.profile: unknown accelerator profile" in out and "missing.yaml" in out
+    bad = path.parent / "bad.yaml"
+    bad.write_text("name: x\n")
+    main(["config", "gpu.profile", str(bad), "--config", str(path)])
+    capsys.readouterr()
+    assert main(["check-config", "--config", str(path)]) == 1
+    assert f"  - gpu.profile: {bad}: missing field(s)" in capsys.readouterr().out
+
+
+def test_config_refuses_decode_device_cpu_with_offload_off(path: Path, capsys) -> None:
+    assert main(["config", "auto_pd_offload", "false", "--config", str(path)]) == 0
+    before = path.read_text()
+    capsys.readouterr()
+    assert main(["config", "decode_device", "cpu", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "decode_device: cpu conflicts with auto_pd_offload false" in err
+    assert path.read_text() == before  # nothing written: the loader would refuse it
+    assert main(["config", "decode_device", "xpu", "--config", str(path)]) == 0

@@ -21,13 +21,13 @@ def test_top_once_shows_the_farm(redis_url, r, capsys):
         decode_tps=42.5,
     )
     r.xadd(KEYS.prefill_stream, {"j": b"x"})
-    r.lpush(KEYS.dispatch_log, f"{time.time():.3f} cpu CPU finishes first (1.0s vs 2.0s)")
+    r.lpush(KEYS.dispatch_log, f"{time.time():.3f} cpu [speed] CPU finishes first (1.0s vs 2.0s)")
     r.incr(KEYS.dispatch_count("cpu"))
     assert main(["top", "--once", "--redis-url", redis_url]) == 0
     out = capsys.readouterr().out
     assert "cpu-w1" in out and "3/8" in out and "42.5" in out
     assert "1 / 0" in out  # one prefill job waiting, none in flight
-    assert "1 to CPU" in out and "CPU finishes first" in out
+    assert "1 to CPU" in out and "cpu [speed] CPU finishes first" in out
 
 
 def test_top_without_redis_fails_clearly(capsys):

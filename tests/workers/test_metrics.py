@@ -16,12 +16,12 @@ def test_metrics_and_health_endpoint():
     try:
         m.running.set(3)
         m.generation_tokens.inc(42)
-        m.dispatch.labels(**m.labels, device="cpu").inc()
+        m.dispatch.labels(**m.labels, device="cpu", rule="slo").inc()
         text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
         assert 'syshax:num_requests_running{device_class="cpu",worker="w1"} 3.0' in text
         assert 'syshax:generation_tokens_total{device_class="cpu",worker="w1"} 42.0' in text
         assert (
-            'syshax:dispatcher_decisions_total{device="cpu",device_class="cpu",worker="w1"} 1.0'
+            'syshax:dispatcher_decisions_total{device="cpu",device_class="cpu",rule="slo",worker="w1"} 1.0'
             in text
         )
         ok = httpx.get(f"http://127.0.0.1:{port}/health")

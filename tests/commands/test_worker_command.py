@@ -1,0 +1,141 @@
+"""`syshax worker` and `syshax run` with the emulated accelerator: which engine and device class
+a worker gets, the profile checks, the EmulatedEngine it builds, the help text."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+import pytest
+from syshax.shared.config import KEY_DOCS, Config, save_config, set_key
+from syshax.workers.accelerator_profiles import BUILTIN_PROFILES, load_profile
+
+from syshax.cli import build_parser, main
+from syshax.commands import run, worker
+
+
+@pytest.fixture(autouse=True)
+def _root_level():
+    """`main` applies the config's log level to the root logger: put it back afterwards."""
+    root = logging.getLogger()
+    level = root.level
+    yield
+    root.setLevel(level)
+
+
+def _cfg(**keys: str) -> Config:
+    cfg = Config()
+    for key, value in keys.items():
+        cfg = set_key(cfg, key.replace("__", "."), value)
+    return cfg
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    return build_parser().parse_args(["worker", *argv])
+
+
+def _resolve(cfg: Config, *argv: str) -> tuple[str, str]:
+    args = _args(*argv)
+    roles = frozenset(args.roles.split(","))
+    return worker._engine_and_class(args, cfg, roles)
+
+
+def test_the_xpu_class_follows_gpu_engine_and_the_cpu_class_runs_the_model():
+    emulated = _cfg(gpu__engine="emulated")
+    assert _resolve(emulated) == ("emulated", "gpu")  # prefill,decode: the xPU role
+    assert _resolve(emulated, "--roles", "decode") == ("model", "cpu")
+    assert _resolve(emulated, "--roles", "decode", "--device-class", "gpu") == ("emulated", "gpu")
+    assert _resolve(emulated, "--engine", "model") == ("model", "gpu")  # --engine wins
+    assert _resolve(Config()) == ("model", "gpu")  # native
+    # --engine emulated is an accelerator: the xPU class even for a decode-only worker
+    assert _resolve(Config(), "--engine", "emulated", "--roles", "decode") == ("emulated", "gpu")
+    assert _resolve(Config(), "--engine", "echo", "--roles", "decode") == ("echo", "cpu")
+
+
+@pytest.mark.parametrize(
+    ("argv", "keys", "message"),
+    [
+        (("--engine", "emulated", "--device-class", "cpu"), {}, "serves the xPU class"),
+        (("--engine", "emulated", "--device", "cuda"), {}, "--device does not apply"),
+        (("--engine", "emulated", "--profile", "nope"), {}, "--profile: unknown accelerator"),
+        (("--engine", "emulated",), {"gpu__profile": "/no/such.yaml"}, "gpu.profile: unknown"),
+        (("--engine", "model", "--profile", "a10"), {}, "--profile is for the emulated engine"),
+    ],
+)  # fmt: skip
+def test_emulated_options_that_do_not_fit_are_refused(argv, keys, message):
+    cfg = _cfg(**keys)
+    args = _args(*argv)
+    args.engine, cls = worker._engine_and_class(args, cfg, frozenset(args.roles.split(",")))
+    with pytest.raises(ValueError, match=message):
+        worker._emulated_profile(args, cfg, cls)
+
+
+def test_the_profile_comes_from_the_option_else_the_config():
+    cfg = _cfg(gpu__profile="a100-40gb")
+    assert worker._emulated_profile(_args("--engine", "emulated"), cfg, "gpu").name == "a100-40gb"
+    args = _args("--engine", "emulated", "--profile", "a10")
+    assert worker._emulated_profile(args, cfg, "gpu").name == "a10"
+    assert worker._emulated_profile(_args("--engine", "model"), cfg, "gpu") is None
+
+
+def test_build_engine_makes_an_emulated_engine_with_the_workers_settings():
+    cfg = _cfg(max_model_len="512", max_num_batched_tokens="4", kv__prefix_caching="false")
+    args = _args("--engine", "emulated")
+    engine = worker._build_engine(args, cfg, "emulated:a10", 6, profile=load_profile("a10"))
+    assert engine.emulated and engine.profile.name == "a10"
+    assert engine.max_model_len == 512 and engine.num_slots == 6
+    assert engine.scheduler.max_num_batched_tokens == 6  # raised to the slots
+    assert engine.scheduler.blocks.prefix_caching is False
+    assert engine.tokenizer is not None  # real text for the echoed tokens
+
+
+def test_a_bad_profile_or_class_exits_2_before_anything_starts(tmp_path: Path, caplog):
+    path = tmp_path / "config.yaml"
+    save_config(_cfg(gpu__engine="emulated", gpu__profile="no-such-gpu"), path)
+    with caplog.at_level(logging.ERROR):
+        assert main(["worker", "--config", str(path)]) == 2
+    assert "gpu.profile: unknown accelerator profile 'no-such-gpu'" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.ERROR):
+        argv = ["worker", "--config", str(path), "--engine", "emulated", "--device-class", "cpu"]
+        assert main(argv) == 2
+    assert "serves the xPU class" in caplog.text
+
+
+def test_syshax_run_checks_the_profile_before_starting_anything(tmp_path: Path, capsys):
+    path = tmp_path / "config.yaml"
+    save_config(_cfg(gpu__engine="emulated", gpu__profile="no-such-gpu"), path)
+    assert main(["run", "--config", str(path), "--no-gateway"]) == 2
+    assert "gpu.profile: unknown accelerator profile" in capsys.readouterr().err
+
+
+def test_syshax_run_with_gpu_engine_emulated_starts_an_emulated_xpu_and_real_cpu_workers():
+    cfg = _cfg(gpu__engine="emulated", gpu__device="cpu")
+    assert run.layout(cfg, None) == (1, None), "an emulated accelerator is an accelerator"
+    args = argparse.Namespace(engine=None, cpu_workers=None, no_gateway=True)
+    children = {c.name: c.argv for c in run._children(args, cfg, None, "redis://127.0.0.1:1/0")}
+    assert list(children) == ["xpu-worker", "cpu-worker-0", "batch-worker"]
+    xpu, cpu = children["xpu-worker"], children["cpu-worker-0"]
+    assert xpu[xpu.index("--engine") + 1] == "emulated" and "--threads" not in xpu
+    assert cpu[cpu.index("--engine") + 1] == "model"
+    # --engine echo: the stand-in everywhere; --engine emulated without gpu.engine set
+    assert run.engines(cfg, "echo") == ("echo", "echo")
+    assert run.engines(Config(), "emulated") == ("emulated", "model")
+    assert run.engines(Config(), None) == ("model", "model")
+
+
+def test_help_explains_the_engines_and_the_profile(capsys):
+    for command in ("worker", "run"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        text = " ".join(capsys.readouterr().out.split())
+        assert "emulated" in text and "gpu.engine" in text, command
+    with pytest.raises(SystemExit):
+        main(["worker", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--profile NAME|PATH" in text and "gpu.profile" in text
+
+
+def test_the_profile_key_lists_every_builtin_profile():
+    assert all(name in KEY_DOCS["gpu.profile"] for name in BUILTIN_PROFILES)
