@@ -11,6 +11,10 @@ import sys
 # subcommand -> module with `add_arguments(parser)` and `run(args) -> int`
 COMMANDS = {
     "generate": ("syshax.commands.generate", "Generate text from a prompt with the local engine."),
+    "convert": (
+        "syshax.commands.convert",
+        "Write a GGUF file as a Hugging Face model folder (safetensors, config, tokenizer).",
+    ),
     "init": ("syshax.commands.init", "Write the default config file (refuses to overwrite)."),
     "config": ("syshax.commands.config", "Print or set one config key; --help lists every key."),
     "check-config": ("syshax.commands.check_config", "Load and check the config file."),

@@ -19,3 +19,7 @@ class KVFormatError(EngineError, ValueError):
 
 class CapacityError(EngineError):
     """The engine has no free sequence slot left."""
+
+
+class ExportError(EngineError):
+    """A model cannot be written out as asked (e.g. `syshax convert` into a non-empty folder)."""
