@@ -156,3 +156,35 @@ def test_refusals(vllm_engine, prompts):
         vllm_engine.import_kv("y", b"", prompts[0], [], GREEDY)
     vllm_engine.step()
     assert _all_free(vllm_engine)
+
+
+BF16_EXPORT = """
+import sys
+from syshax.shared.sampling import SamplingParams
+from syshax.workers.engine import kv_format
+from syshax.workers.vllm.args import VllmArgs
+from syshax.workers.vllm.engine import VllmEngine
+engine = VllmEngine(sys.argv[1], VllmArgs(dtype="bfloat16", max_model_len=256, max_num_seqs=2, enforce_eager=True, cpu_kv_cache_gib=1))
+engine.add_request("x", list(range(100, 140)), SamplingParams(max_tokens=4, temperature=0.0))
+engine.step()
+open(sys.argv[2], "wb").write(engine.export_kv("x"))
+"""
+
+
+def test_bf16_cache_order_is_probed_too(hf_folder, cpu_engine, tmp_path):
+    """In bfloat16 vLLM's CPU backend picks other kernels (AMX where the CPU has it, with its
+    own in-block order): the exported KV still equals our float32 KV to bf16 precision."""
+    import subprocess
+    import sys
+
+    blob = tmp_path / "kv.bin"
+    proc = subprocess.run([sys.executable, "-c", BF16_EXPORT, str(hf_folder), str(blob)], capture_output=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+    header, k16, v16 = kv_format.decode(blob.read_bytes())
+    assert header.dtype == "bfloat16" and header.num_tokens == 40
+    cpu_engine.add_request("ref", list(range(100, 140)), SamplingParams(max_tokens=4, temperature=0.0))  # fmt: skip
+    cpu_engine.step()
+    _, k32, v32 = kv_format.decode(cpu_engine.export_kv("ref"))
+    for got, want in ((k16, k32), (v16, v32)):
+        scale = want.abs().amax(dim=(-2, -1), keepdim=True).clamp_min(1e-3)
+        assert ((got.float() - want.float()).abs() / scale).max() < 0.05
