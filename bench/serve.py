@@ -72,6 +72,7 @@ class Rec:
     chunks: int = 0  # content chunks (a chunk may carry several tokens)
     t_start: float = 0.0  # perf_counter() of the request's start and of its last content chunk
     t_last: float = 0.0
+    request_id: str = ""  # the response's id (the farm's request id: its output stream's key)
 
     @property
     def tpot(self) -> float:  # time per output token after the first, as vllm computes it
@@ -142,6 +143,7 @@ async def farm_request(client: Any, model: str, args: argparse.Namespace, p: Pro
         else:
             stream = await client.completions.create(prompt=p.text, **kw)
         async for chunk in stream:
+            rec.request_id = rec.request_id or getattr(chunk, "id", None) or ""
             if chunk.usage is not None:
                 rec.output_tokens, rec.prompt_len = chunk.usage.completion_tokens, chunk.usage.prompt_tokens  # fmt: skip
             if not chunk.choices:
@@ -210,31 +212,49 @@ def wait_health(url: str, procs: dict[str, subprocess.Popen], logdir: Path, time
     raise SystemExit(f"{what} at {url} was not healthy within {timeout:.0f}s (logs in {logdir})")
 
 
+def farm_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The keys a launched farm's config file sets (the rest: defaults): `model` with --load,
+    plus any `args.farm_settings` (nested sections, e.g. {"gpu": {"engine": "emulated"}});
+    empty = no file (the farm reads the usual config)."""
+    settings = dict(getattr(args, "farm_settings", None) or {})
+    if args.load:
+        settings["model"] = str(args.load.expanduser())
+    return settings
+
+
 @contextmanager
-def launched_farm(args: argparse.Namespace) -> Iterator[str]:
-    """Embedded Redis + gateway + xPU worker + CPU decode workers; yields the /v1 base URL."""
+def launched_farm(args: argparse.Namespace, info: dict[str, Any] | None = None) -> Iterator[str]:
+    """Embedded Redis + gateway + xPU worker + CPU decode workers; yields the /v1 base URL and
+    fills `info` (when given) with the Redis URL and the log folder. `args.launch` names the
+    engines as `syshax run --engine` does (emulated: the xPU worker's; the CPU workers run
+    the model)."""
+    import yaml
     from syshax.broker.embedded import EmbeddedRedis, free_port
 
-    from syshax.commands.run import layout
+    from syshax.commands.run import engines, layout
 
     redis, port = EmbeddedRedis().start(), free_port()
     logdir = Path(tempfile.mkdtemp(prefix="syshax-bench-"))
     cfg_args = []
-    if args.load:  # the farm's config with only `model` set (the rest: defaults)
-        (logdir / "config.yaml").write_text(f"model: {json.dumps(str(args.load.expanduser()))}\n")
+    if settings := farm_settings(args):
+        (logdir / "config.yaml").write_text(yaml.safe_dump(settings, sort_keys=False))
         cfg_args = ["--config", str(logdir / "config.yaml")]
+    if info is not None:
+        info |= {"redis_url": redis.url, "logdir": str(logdir)}
     # The layout `syshax run` picks (one worker with both roles on every core when there is
     # no accelerator); --cpu-workers / --threads override it.
-    n_cpu, xpu_threads = layout(farm_config(args), args.cpu_workers)
+    cfg = farm_config(args)
+    xpu_engine, cpu_engine = engines(cfg, args.launch)
+    n_cpu, xpu_threads = layout(cfg, args.cpu_workers, xpu_engine)
     cli = [sys.executable, "-m", "syshax.cli"]
-    worker = ["worker", "--engine", args.launch, "--redis-url", redis.url] + cfg_args
+    worker = ["worker", "--redis-url", redis.url] + cfg_args
     worker += ["--max-batch-size", str(args.max_batch_size)] if args.max_batch_size else []
     threads = ["--threads", str(args.threads)] if args.threads else []
     xpu_threads_arg = threads or (["--threads", str(xpu_threads)] if xpu_threads else [])
     cmds = {"gateway": cli + ["gateway", "--redis-url", redis.url, "--port", str(port), "--log-level", "warning"] + cfg_args}  # fmt: skip
-    cmds["xpu-worker"] = cli + worker + xpu_threads_arg + ["--roles", "prefill,decode", "--device-class", "gpu"]  # fmt: skip
+    cmds["xpu-worker"] = cli + worker + ["--engine", xpu_engine] + xpu_threads_arg + ["--roles", "prefill,decode", "--device-class", "gpu"]  # fmt: skip
     for i in range(n_cpu):
-        cmds[f"cpu-worker-{i}"] = cli + worker + threads + ["--roles", "decode", "--device", "cpu", "--device-class", "cpu"]  # fmt: skip
+        cmds[f"cpu-worker-{i}"] = cli + worker + ["--engine", cpu_engine] + threads + ["--roles", "decode", "--device", "cpu", "--device-class", "cpu"]  # fmt: skip
     procs: dict[str, subprocess.Popen] = {}
     try:
         for name, argv in cmds.items():
@@ -259,9 +279,15 @@ def launched_farm(args: argparse.Namespace) -> Iterator[str]:
 
 def farm_config(args: argparse.Namespace):
     """The config a launched farm and the direct engine run: the defaults (or the config
-    file), with --load if given."""
+    file), with --load if given; with `args.farm_settings`, the defaults and those."""
     from syshax.shared.config import load_config
 
+    if getattr(args, "farm_settings", None):  # the file launched_farm writes, read as it will be
+        import yaml
+
+        with tempfile.TemporaryDirectory() as tmp:
+            (Path(tmp) / "config.yaml").write_text(yaml.safe_dump(farm_settings(args)))
+            return load_config(Path(tmp) / "config.yaml")
     cfg = load_config(None)
     if args.load:
         cfg.model = str(args.load.expanduser())

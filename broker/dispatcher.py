@@ -162,21 +162,36 @@ class Dispatcher:
         return Decision(GPU, "xPU less loaded (no speed measured yet)", "balance")
 
     def _by_slo(self, gpu: DeviceLoad, cpu: DeviceLoad, gpu_room: bool, cpu_room: bool) -> Decision:
-        """Rule 2: the xPU first while it keeps the SLO, then the CPU while it keeps it."""
+        """Rule 2: the xPU first while it keeps the SLO, then the CPU while it keeps it.
+
+        A class not measured yet is trusted with a job: its first steps measure it. The CPU
+        only with one stream at a time until then (several unmeasured streams at once could
+        all land past the SLO before the first measurement says so); the xPU's worker takes
+        jobs only as it has slots, so trusting it costs nothing."""
         slo_ms = self.slo_itl_s * 1e3
         gpu_itl, cpu_itl = gpu.predicted_itl(), cpu.predicted_itl()
         if gpu_room and (gpu_itl is None or gpu_itl <= self.slo_itl_s):
             why = f"xPU within the SLO ({_ms(gpu_itl)} <= {slo_ms:.0f} ms)"
             return Decision(GPU, why, "slo")
-        if cpu_room and (cpu_itl is None or cpu_itl <= self.slo_itl_s):
+        cpu_probe = cpu_itl is None and cpu.load == 0
+        if cpu_room and (cpu_probe or (cpu_itl is not None and cpu_itl <= self.slo_itl_s)):
             why = f"CPU within the SLO ({_ms(cpu_itl)} <= {slo_ms:.0f} ms)"
             return Decision(CPU, why, "slo")
-        # Neither keeps the SLO with one more stream (or has room): the job waits on the xPU's
-        # stream, which its worker takes from only as slots free up. Queued on the CPU it would
-        # start there as soon as the CPU had a slot, past the SLO.
-        why = f"xPU {_ms(gpu_itl)}, CPU {_ms(cpu_itl)} vs SLO {slo_ms:.0f} ms"
-        why = f"queued on the xPU: no class keeps the SLO with one more ({why})"
-        return Decision(GPU, why, "slo_queue")
+        # Neither takes one more stream within the SLO: the job waits on the xPU's stream,
+        # which its worker takes from only as slots free up. Queued on the CPU it would start
+        # there as soon as the CPU had a slot, past the SLO.
+        return Decision(GPU, "queued on the xPU: " + "; ".join(
+            [_why_not("xPU", gpu_room, gpu_itl, slo_ms, gpu.load, gpu.capacity),
+             _why_not("CPU", cpu_room, cpu_itl, slo_ms, cpu.load, cpu.capacity)]), "slo_queue")  # fmt: skip
+
+
+def _why_not(name: str, room: bool, itl: float | None, slo_ms: float, load: int, cap: int) -> str:
+    """Why a class does not take one more stream under the SLO rule, in words."""
+    if not room:
+        return f"{name} full ({load}/{cap})"
+    if itl is None:
+        return f"{name} unmeasured and already running one"
+    return f"{name} over the SLO with one more ({_ms(itl)} > {slo_ms:.0f} ms)"
 
 
 def _ms(seconds: float | None) -> str:

@@ -52,11 +52,27 @@ def test_a_burst_fills_the_cpu_exactly_up_to_the_slo():
     assert gpu.load == 37, "20 within its SLO, then the rest queues on the xPU"
 
 
-def test_an_unmeasured_class_is_trusted_with_its_first_streams():
+def test_an_unmeasured_cpu_is_trusted_with_one_stream_until_measured():
     d = slo(50)
     gpu = DeviceLoad(workers=1, capacity=4, running=4, step_model=GPU_STEPS)  # full
     cpu = DeviceLoad(workers=1, capacity=8, running=0)  # not measured yet
     assert d.choose(gpu, cpu, 10).device == CPU
+    cpu.queued = 1  # its probe stream: the next ones wait for a measurement
+    decision = d.choose(gpu, cpu, 10)
+    assert decision.device == GPU and decision.rule == "slo_queue"
+    assert "xPU full (4/4)" in decision.reason and "CPU unmeasured" in decision.reason
+    cpu.step_model = CPU_STEPS  # measured: 20 + 10 * 2 = 40 ms with one more
+    assert d.choose(gpu, cpu, 10).device == CPU
+
+
+def test_the_queue_reason_says_full_or_over_the_slo():
+    d = slo(50)
+    gpu = DeviceLoad(workers=1, capacity=4, running=4, step_model=GPU_STEPS)
+    cpu = DeviceLoad(workers=1, capacity=8, running=8, step_model=(0.001, 0.001))
+    assert "CPU full (8/8)" in d.choose(gpu, cpu, 10).reason
+    cpu.running = 5  # room, but 20 + 10 * 6 = 80 ms
+    cpu.step_model = CPU_STEPS
+    assert "CPU over the SLO with one more (80 ms > 50 ms)" in d.choose(gpu, cpu, 10).reason
 
 
 def test_decode_device_forces_a_class_while_it_has_a_decoder():
