@@ -11,6 +11,7 @@ Redis-free: the CLI, the gateway and every worker import it.
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 import os
 import re
@@ -21,7 +22,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from . import env
-from .config_check import between_keys, check
+from .config_check import between_keys, check, kind, nest, unknown_key
 from .config_schema import (
     DTYPES,
     FIELDS,
@@ -40,8 +41,6 @@ from .config_schema import (
     QueueConfig,
     RedisConfig,
     SloConfig,
-    kind,
-    unknown_key,
 )
 from .models import DEFAULT_MODEL_FILE
 
@@ -131,8 +130,7 @@ def parse_value(key: str, text: str) -> Any:
             value = raw
     except ValueError as exc:
         raise ConfigError(f"{key}: {exc}", [(key, str(exc))]) from None
-    section, _, name = key.rpartition(".")
-    cfg, problems = check({section: {name: value}} if section else {key: value})
+    cfg, problems = check(nest(key, value))
     if problems:
         raise ConfigError("\n".join(f"{k}: {m}" for k, m in problems), problems)
     return get_key(cfg, key)
@@ -182,8 +180,10 @@ def _raw(cfg: Config) -> dict[str, Any]:
     """cfg as a nested dict of its values as they are (assignments are not checked)."""
     out: dict[str, Any] = {}
     for key in FIELDS:
-        section, _, name = key.rpartition(".")
-        (out.setdefault(section, {}) if section else out)[name] = get_key(cfg, key)
+        *path, name = key.split(".")
+        functools.reduce(lambda d, part: d.setdefault(part, {}), path, out)[name] = get_key(
+            cfg, key
+        )
     return out
 
 
@@ -258,7 +258,7 @@ def _key_lines(text: str) -> dict[str, int]:
             if key in lines:
                 raise ValueError(f"line {line}: duplicate key {key!r} (first on line {lines[key]})")
             lines[key] = line
-            if not prefix:
+            if not prefix or key in SECTIONS:
                 visit(value_node, key + ".")
 
     visit(yaml.compose(text, Loader=yaml.SafeLoader), "")
@@ -273,14 +273,16 @@ def save_config(cfg: Config, path: str | Path) -> None:
         "# sysHAX configuration. Change a value with `syshax config KEY VALUE`, check the file",
         "# with `syshax check-config`; every key is described in docs/configuration.md.",
     ]
-    for name in Config.model_fields:
-        if name in SECTIONS:
-            out += ["", f"# {SECTION_DOCS[name]}", f"{name}:"]
-            for sub in SECTIONS[name].model_fields:
-                key = f"{name}.{sub}"
-                out += [f"  # {KEY_DOCS[key]}", f"  {sub}: {format_value(get_key(cfg, key))}"]
-        else:
-            out += ["", f"# {KEY_DOCS[name]}", f"{name}: {format_value(get_key(cfg, name))}"]
+    opened: set[str] = set()
+    for key in FIELDS:  # file order: a section's own keys, then its sub-sections'
+        *path, name = key.split(".")
+        for depth, part in enumerate(path):  # the sections this key is the first one of
+            section, pad = ".".join(path[: depth + 1]), "  " * depth
+            if section not in opened:
+                opened.add(section)
+                out += ["", f"{pad}# {SECTION_DOCS[section]}", f"{pad}{part}:"]
+        pad, value = "  " * len(path), format_value(get_key(cfg, key))
+        out += ([] if path else [""]) + [f"{pad}# {KEY_DOCS[key]}", f"{pad}{name}: {value}"]
     file.parent.mkdir(parents=True, exist_ok=True)
     tmp = file.with_name(f".{file.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

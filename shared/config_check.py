@@ -1,15 +1,70 @@
 """Checking a configuration: a nested dict (as YAML gives) into a `Config`, every problem in
 plain words (`check`), and the rules between keys that no single field can state
-(`between_keys`). Torch-free and Redis-free; the schema is `config_schema.py`."""
+(`between_keys`); what a dotted key accepts (`kind`, `choices`) and the names around it
+(`unknown_key`, `children`, `nest`). Torch-free and Redis-free; the schema is
+`config_schema.py`."""
 
 from __future__ import annotations
 
-from typing import Any
+import difflib
+import types
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import annotated_types
 from pydantic import ValidationError
 
-from .config_schema import FIELDS, SECTIONS, Config, choices, unknown_key
+from .config_schema import FIELDS, SECTIONS, Config
+
+# ---- the keys: their kinds, choices and names ----
+
+
+def _strip(tp: Any) -> tuple[Any, bool]:
+    """A field's type without Optional and Annotated, and whether it was Optional."""
+    optional = False
+    if get_origin(tp) in (Union, types.UnionType):
+        args = [a for a in get_args(tp) if a is not type(None)]
+        optional, tp = len(args) < len(get_args(tp)), args[0]
+    if get_origin(tp) is Annotated:
+        tp = get_args(tp)[0]
+    return tp, optional
+
+
+def kind(key: str) -> tuple[type, bool]:
+    """The value kind of a key (int, float, bool, str or list of str) and whether null is
+    allowed."""
+    tp, optional = _strip(FIELDS[key].annotation)
+    if get_origin(tp) is Literal:
+        return str, optional
+    return get_origin(tp) or tp, optional
+
+
+def choices(key: str) -> tuple[str, ...]:
+    """The allowed values of a key with a fixed set of choices (empty for the others)."""
+    tp, _ = _strip(FIELDS[key].annotation)
+    return get_args(tp) if get_origin(tp) is Literal else ()
+
+
+def unknown_key(key: str, candidates: list[str]) -> str:
+    close = difflib.get_close_matches(key, candidates, n=1, cutoff=0.6)
+    return f"unknown key {key!r}" + (f"; did you mean {close[0]!r}?" if close else "")
+
+
+def children(section: str) -> list[str]:
+    """The dotted names of a section's own keys and sub-sections ("" = the top level)."""
+    prefix = f"{section}." if section else ""
+    names = [*FIELDS, *SECTIONS]
+    return [k for k in names if k.startswith(prefix) and "." not in k[len(prefix) :]]
+
+
+def nest(key: str, value: Any) -> dict[str, Any]:
+    """One dotted key's value as the nested dict a YAML file gives: gpu.vllm.dtype ->
+    {"gpu": {"vllm": {"dtype": value}}}."""
+    for part in reversed(key.split(".")):
+        value = {part: value}
+    return value
+
+
+# ---- checks ----
 
 
 def between_keys(cfg: Config) -> list[tuple[str, str]]:
@@ -37,17 +92,8 @@ def check(data: Any) -> tuple[Config, list[tuple[str, str]]]:
     An empty (null) section keeps its defaults."""
     if not isinstance(data, dict):
         return Config(), [("", f"expected a mapping of keys to values, got {type(data).__name__}")]
-    flat: dict[str, Any] = {}
-    for name, value in data.items():
-        name = str(name)
-        if name in SECTIONS and value is None:
-            continue
-        if name in SECTIONS and isinstance(value, dict):
-            value = {str(sub): v for sub, v in value.items()}
-        flat[name] = value
-        if name in SECTIONS and isinstance(value, dict):
-            flat |= {f"{name}.{sub}": v for sub, v in value.items()}
-    clean = {k: v for k, v in flat.items() if "." not in k}
+    flat: dict[str, Any] = {}  # every dotted key given -> its value, in file order
+    clean = _flatten(data, "", flat)
     try:
         cfg = Config.model_validate(clean)
     except ValidationError as exc:
@@ -58,26 +104,45 @@ def check(data: Any) -> tuple[Config, list[tuple[str, str]]]:
     order = {key: i for i, key in enumerate(flat)}
     problems: dict[str, str] = {}
     for err in errors:
-        parts = [str(p) for p in err["loc"] if not isinstance(p, int)]
-        key = ".".join(parts[:2])
+        key = _key(err)
         if key not in problems:
             problems[key] = _message(key, err)
     return Config(), sorted(problems.items(), key=lambda kv: order.get(kv[0], len(order)))
+
+
+def _flatten(data: dict, prefix: str, flat: dict[str, Any]) -> dict[str, Any]:
+    """data with string keys and without null sections (they keep their defaults); records
+    every dotted key given in flat."""
+    clean: dict[str, Any] = {}
+    for name, value in data.items():
+        key = prefix + str(name)
+        if key in SECTIONS and value is None:
+            continue
+        flat[key] = value
+        if key in SECTIONS and isinstance(value, dict):
+            value = _flatten(value, key + ".", flat)
+        clean[str(name)] = value
+    return clean
+
+
+def _key(err: Any) -> str:
+    """The dotted key a pydantic error is about: an unknown key's whole path, else the
+    longest known key or section its location starts with (a list's index left out)."""
+    parts = [str(p) for p in err["loc"] if not isinstance(p, int)]
+    if err["type"] != "extra_forbidden":
+        for n in range(len(parts), 0, -1):
+            if ".".join(parts[:n]) in FIELDS or ".".join(parts[:n]) in SECTIONS:
+                return ".".join(parts[:n])
+    return ".".join(parts)
 
 
 def _message(key: str, err: Any) -> str:
     """One pydantic error as the plain-words message for its dotted key."""
     kind_, value, ctx = err["type"], err.get("input"), err.get("ctx") or {}
     if kind_ == "extra_forbidden":
-        section = key.rpartition(".")[0]
-        if section:
-            candidates = [k for k in FIELDS if k.startswith(section + ".")]
-        else:
-            candidates = [k for k in FIELDS if "." not in k] + list(SECTIONS)
-        return unknown_key(key, candidates)
+        return unknown_key(key, children(key.rpartition(".")[0]))
     if key in SECTIONS:
-        subkeys = [k for k in FIELDS if k.startswith(key + ".")]
-        return f"expected a section with keys {', '.join(subkeys)}"
+        return f"expected a section with keys {', '.join(children(key))}"
     info = FIELDS[key]
     if value is None and not isinstance(err["loc"][-1], int):
         return "may not be null"
@@ -87,8 +152,8 @@ def _message(key: str, err: Any) -> str:
         return f"expected a number, got {value!r}"
     if kind_ == "finite_number":
         return f"must be a finite number, got {value!r}"
-    if kind_ == "greater_than":
-        return f"must be > {ctx.get('gt', 0):g}, got {value!r}"
+    if kind_ == "multiple_of":
+        return f"must be a multiple of {ctx.get('multiple_of')}, got {value!r}"
     if kind_ == "int_type":
         return f"expected an integer, got {value!r}"
     if kind_ == "bool_type":
@@ -97,9 +162,12 @@ def _message(key: str, err: Any) -> str:
         return f"expected a list of strings, got {value!r}"
     if kind_ == "string_type":
         return f"expected a string, got {value!r}"
-    if kind_ in ("greater_than_equal", "less_than_equal"):
+    if kind_ in ("greater_than", "greater_than_equal", "less_than_equal"):
         lo = next((m.ge for m in info.metadata if isinstance(m, annotated_types.Ge)), None)
+        gt = next((m.gt for m in info.metadata if isinstance(m, annotated_types.Gt)), None)
         hi = next((m.le for m in info.metadata if isinstance(m, annotated_types.Le)), None)
+        if gt is not None:  # a number above a bound: (0, 1] or > 0
+            return f"must be > {gt:g}{'' if hi is None else f' and <= {hi:g}'}, got {value!r}"
         return f"must be {f'between {lo} and {hi}' if hi is not None else f'>= {lo}'}, got {value}"
     if kind_ == "literal_error":
         return f"must be one of {', '.join(choices(key))}; got {value!r}"

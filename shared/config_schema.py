@@ -1,4 +1,5 @@
-"""The configuration's schema: one pydantic model per section and `Config` for the whole.
+"""The configuration's schema: one pydantic model per section (a section may hold one:
+`gpu.vllm`) and `Config` for the whole.
 
 Each field carries its key's default, type, value rule (ge/le, Literal choices or pattern) and
 one-line doc (`Field(description=...)`); each section's doc is its class docstring. Everything
@@ -16,10 +17,8 @@ Assigning an attribute (`cfg.gpu.port = 0`) is not checked; `config.validate` re
 
 from __future__ import annotations
 
-import difflib
-import types
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from pydantic.fields import FieldInfo
@@ -50,8 +49,10 @@ LogLevel = Literal["debug", "info", "warning", "error", "critical"]
 # workers a KV cache waits in shared memory (one host) or Redis (any host). (An in-process
 # "local" store that could not cross processes was accepted here once and crashed the worker.)
 KVStore = Literal["auto", "shm", "redis"]
-# The xPU worker's engine. A "vllm" engine (vLLM serving the xPU role) comes with issue 13.
-GpuEngine = Literal["native", "emulated"]
+# The xPU worker's engine: our model, an emulated accelerator, or vLLM (issue 13).
+GpuEngine = Literal["native", "emulated", "vllm"]
+# vLLM's dtype choices (workers/vllm/args.py DTYPES); auto = the model folder's torch_dtype.
+VllmDType = Literal["auto", "bfloat16", "float16", "float32"]
 # Where decodes run: auto = the dispatcher decides per request; xpu / cpu force a class.
 DecodeDevice = Literal["auto", "xpu", "cpu"]
 
@@ -96,6 +97,52 @@ class ConductorConfig(_Section):
     )
 
 
+class VllmConfig(_Section):
+    """vLLM as the xPU worker's engine (gpu.engine vllm; docs/vllm.md)"""
+
+    # vLLM's other settings are the farm's, so the gateway, the dispatcher and the worker agree
+    # with it: max_num_seqs = the worker's slots (gpu.max_batch_size), max_model_len =
+    # max_model_len, enable_prefix_caching = kv.prefix_caching.
+
+    dtype: Annotated[VllmDType, BeforeValidator(_text)] = Field(
+        "auto",
+        description="vLLM's weights and activations: auto | bfloat16 | float16 | float32; auto = vLLM's choice: the model folder's torch_dtype, a float32 folder in 16 bits (bfloat16 on CPUs); the top-level dtype does not apply to vLLM; syshax worker --dtype overrides",
+    )
+    max_num_batched_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="token rows one vLLM step computes at most (its chunked-prefill budget); null = vLLM's default",
+    )
+    gpu_memory_utilization: float = Field(
+        0.9,
+        gt=0,
+        le=1,
+        allow_inf_nan=False,
+        description="share of the GPU's memory vLLM may use for weights, activations and its KV cache (0 < x <= 1); on the CPU build, the share of host memory it reserves when cpu_kv_cache_gib is null",
+    )
+    tensor_parallel_size: int = Field(
+        1,
+        ge=1,
+        description="GPUs one vLLM engine spans; only 1 works for now (the KV handoff reads vLLM's caches in the worker process)",
+    )
+    block_size: int | None = Field(
+        None,
+        ge=16,
+        multiple_of=16,
+        description="tokens per vLLM KV block, a multiple of 16; null = the attention backend's choice",
+    )
+    enforce_eager: bool = Field(
+        False,
+        description="true = no torch.compile and no CUDA graphs (starts much faster, runs slower; on a CPU host it saves minutes of compiling); false = vLLM's default",
+    )
+    cpu_kv_cache_gib: float | None = Field(
+        4.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="GiB of KV cache of vLLM's CPU build, rounded to a whole number (at least 1); sets VLLM_CPU_KVCACHE_SPACE unless it is set; null = sized from gpu_memory_utilization; ignored on GPUs",
+    )
+
+
 class GpuConfig(_Section):
     """the xPU worker (prefill + decode); runs on the CPU when no CUDA device exists"""
 
@@ -120,12 +167,13 @@ class GpuConfig(_Section):
     )
     engine: Annotated[GpuEngine, BeforeValidator(_text)] = Field(
         "native",
-        description="the xPU worker's engine: native | emulated; native = the model on gpu.device; emulated = no model runs, each step sleeps for the time gpu.profile predicts (a GPU host's dispatch on a host without one; its text is meaningless; docs/emulated-accelerator.md)",
+        description="the xPU worker's engine: native | emulated | vllm; native = the model on gpu.device; emulated = no model runs, each step sleeps for the time gpu.profile predicts (a GPU host's dispatch on a host without one; its text is meaningless; docs/emulated-accelerator.md); vllm = vLLM serves the xPU role with the gpu.vllm settings (needs vLLM in the Python that runs syshax and an HF model folder; docs/vllm.md)",
     )
     profile: Text = Field(
         "h100",
         description="accelerator profile of gpu.engine emulated: a built-in name (h100, a100-40gb, a10) or the path of a YAML/JSON profile file (checked by check-config)",
     )
+    vllm: VllmConfig = Field(default_factory=VllmConfig)
 
 
 class CpuConfig(_Section):
@@ -297,19 +345,25 @@ class Config(_Section):
 
 # ---- the key table, derived from the models ----
 
-SECTIONS: dict[str, type[_Section]] = {
-    name: info.annotation
-    for name, info in Config.model_fields.items()
-    if isinstance(info.annotation, type) and issubclass(info.annotation, _Section)
-}
-# Every dotted key -> its field, in file order.
+
+# Every section by its dotted name ("gpu", "gpu.vllm"), and every dotted key -> its field, in
+# file order (a section's own keys, then its sub-sections' keys).
+SECTIONS: dict[str, type[_Section]] = {}
 FIELDS: dict[str, FieldInfo] = {}
-for _name, _info in Config.model_fields.items():
-    if _name in SECTIONS:
-        FIELDS |= {f"{_name}.{k}": v for k, v in SECTIONS[_name].model_fields.items()}
-    else:
-        FIELDS[_name] = _info
-del _name, _info
+
+
+def _walk(cls: type[BaseModel], prefix: str) -> None:
+    for name, info in cls.model_fields.items():
+        if isinstance(info.annotation, type) and issubclass(info.annotation, _Section):
+            SECTIONS[prefix + name] = info.annotation
+            _walk(info.annotation, f"{prefix}{name}.")
+        else:
+            FIELDS[prefix + name] = info
+
+
+_walk(Config, "")
+
+
 # Every dotted key -> its one-line help (`syshax config --help`, file comments, docs).
 KEY_DOCS: dict[str, str] = {key: info.description or "" for key, info in FIELDS.items()}
 SECTION_DOCS: dict[str, str] = {name: (cls.__doc__ or "").strip() for name, cls in SECTIONS.items()}
@@ -317,39 +371,8 @@ if not all(KEY_DOCS.values()) or not all(SECTION_DOCS.values()):
     raise RuntimeError("every config field needs a description and every section a docstring")
 
 
-def _strip(tp: Any) -> tuple[Any, bool]:
-    """A field's type without Optional and Annotated, and whether it was Optional."""
-    optional = False
-    if get_origin(tp) in (Union, types.UnionType):
-        args = [a for a in get_args(tp) if a is not type(None)]
-        optional, tp = len(args) < len(get_args(tp)), args[0]
-    if get_origin(tp) is Annotated:
-        tp = get_args(tp)[0]
-    return tp, optional
-
-
-def kind(key: str) -> tuple[type, bool]:
-    """The value kind of a key (int, float, bool, str or list of str) and whether null is
-    allowed."""
-    tp, optional = _strip(FIELDS[key].annotation)
-    if get_origin(tp) is Literal:
-        return str, optional
-    return get_origin(tp) or tp, optional
-
-
-def choices(key: str) -> tuple[str, ...]:
-    """The allowed values of a key with a fixed set of choices (empty for the others)."""
-    tp, _ = _strip(FIELDS[key].annotation)
-    return get_args(tp) if get_origin(tp) is Literal else ()
-
-
 DTYPES = get_args(DType)
 LOG_LEVELS = get_args(LogLevel)
 KV_STORES = get_args(KVStore)
 GPU_ENGINES = get_args(GpuEngine)
 DECODE_DEVICES = get_args(DecodeDevice)
-
-
-def unknown_key(key: str, candidates: list[str]) -> str:
-    close = difflib.get_close_matches(key, candidates, n=1, cutoff=0.6)
-    return f"unknown key {key!r}" + (f"; did you mean {close[0]!r}?" if close else "")

@@ -16,6 +16,8 @@ from syshax.broker.dispatcher import Decision
 from syshax.broker.schemas import DecodeJob
 from syshax.broker.worker_io import device_loads, record_dispatch
 
+from .engine.errors import EngineError
+
 if TYPE_CHECKING:
     from .worker import Job, Worker
 
@@ -41,16 +43,24 @@ def send(worker: Worker, job: Job, device_class: str) -> None:
     rid = job.request_id
     engine = worker.engine
     output_ids = engine.output_ids(rid)
-    blob = engine.export_kv(rid)
-    worker.metrics.kv_exports.inc()
-    handle = worker.kv.put(blob, engine.describe_kv(blob), rid, _store_for(worker, device_class))
+    kv = None
+    try:
+        blob = engine.export_kv(rid)
+    except EngineError as exc:
+        # The sequence has left the engine either way (an export releases it): the decoder
+        # recomputes it from the tokens, so nothing is lost but the prefill's work.
+        log.warning("KV export of %s failed (%s); its decoder recomputes it", rid, exc)
+    else:
+        worker.metrics.kv_exports.inc()
+        store = _store_for(worker, device_class)
+        kv = worker.kv.put(blob, engine.describe_kv(blob), rid, store).__dict__.copy()
     msg = job.msg
     decode = DecodeJob(
         request_id=rid,
         prompt_ids=msg.prompt_ids,
         output_ids=output_ids,
         params=msg.params,
-        kv=handle.__dict__.copy(),
+        kv=kv,
         model=msg.model,
         created=msg.created,
         deadline=msg.deadline,

@@ -64,7 +64,12 @@ def run(args: argparse.Namespace) -> int:
 
 def _xpu_engine(cfg) -> tuple[str, list[str]]:
     """The xPU worker's engine in words, and the problems of an emulated one's profile (it must
-    load: a built-in name or a valid profile file)."""
+    load: a built-in name or a valid profile file) or of a vLLM one (vLLM importable in this
+    Python, its settings, a Hugging Face model folder)."""
+    if cfg.gpu.engine == "vllm":
+        from syshax.commands import vllm_setup
+
+        return vllm_setup.describe(cfg), vllm_setup.vllm_problems(cfg)
     if cfg.gpu.engine != "emulated":
         return f"xpu worker: the model on gpu.device {cfg.gpu.device}", []
     from syshax.workers.accelerator_profiles import ProfileError, load_profile

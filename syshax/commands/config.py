@@ -45,8 +45,9 @@ def keys_help() -> str:
         )
     out += [
         "",
-        "values: integers; numbers (slo.itl_ms); true/false (yes/no, 1/0); null (or none) for",
-        "the optional keys; lists (api_keys) as a,b,c or [a, b, c].",
+        "values: integers; numbers (slo.itl_ms, gpu.vllm.*); true/false (yes/no, 1/0); null (or",
+        "none) for the optional keys; lists (api_keys) as a,b,c or [a, b, c]. gpu.vllm is a",
+        "section inside gpu: its keys are gpu.vllm.KEY.",
         "",
         "examples:",
         "  syshax init",
@@ -54,6 +55,7 @@ def keys_help() -> str:
         "  syshax config auto_pd_offload false",
         "  syshax config slo.itl_ms 50",
         "  syshax config gpu.engine emulated",
+        "  syshax config gpu.vllm.enforce_eager true",
         "  syshax config redis.url redis://:secret@redis.example:6379/0",
         "  syshax config cpu_max_batch_size",
         "  syshax check-config",

@@ -13,7 +13,10 @@ both roles on every core; `cpu.workers` / `--cpu-workers` still ask for the spli
 pipeline stays testable on any host). An emulated accelerator (`gpu.engine: emulated` or
 `--engine emulated`: the xPU worker sleeps for a profile's step times and runs no model) counts
 as an accelerator: by default one real CPU decode worker beside it, so a GPU host's dispatch
-runs on a host without one. A child that exits unexpectedly is restarted with a capped backoff.
+runs on a host without one. With `gpu.engine: vllm` (`--engine vllm`) vLLM is the xPU worker's
+engine: every worker runs with this Python (`sys.executable`), so run `syshax run` from the
+venv that has vLLM (docs/vllm.md); the layout is the native engine's (an accelerator when
+`gpu.device` finds one). A child that exits unexpectedly is restarted with a capped backoff.
 On Ctrl-C or SIGTERM it stops in uvicorn's order: the gateway first (no new requests), then the
 workers (they drain), then Redis.
 """
@@ -44,12 +47,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--engine",
-        choices=("model", "echo", "emulated"),
+        choices=("model", "echo", "emulated", "vllm"),
         default=None,
         help="model = the real engine in every worker; echo = zero-cost stand-in engine in every "
         "worker, to measure the farm's own overhead; emulated = an emulated accelerator as the "
-        "xPU worker (gpu.profile's step times, meaningless text) beside real CPU decode workers "
-        "(default: gpu.engine for the xPU worker, native = model; model for the CPU workers)",
+        "xPU worker (gpu.profile's step times, meaningless text) beside real CPU decode workers; "
+        "vllm = vLLM as the xPU worker's engine (gpu.vllm settings; every worker runs with this "
+        "Python, so run syshax from the venv that has vLLM, e.g. .venv-vllm/bin/syshax run; "
+        "docs/vllm.md) (default: gpu.engine for the xPU worker, native = model; model for the "
+        "CPU workers)",
     )
     p.add_argument(
         "--cpu-workers",
@@ -76,20 +82,23 @@ def engines(cfg, engine: str | None) -> tuple[str, str]:
     """(the xPU worker's engine, the CPU workers' engine) for `--engine` (None = the config)."""
     if engine in ("model", "echo"):
         return engine, engine
-    emulated = engine == "emulated" or (engine is None and cfg.gpu.engine == "emulated")
-    return ("emulated" if emulated else "model"), "model"
+    if engine is None:
+        engine = "model" if cfg.gpu.engine == "native" else cfg.gpu.engine
+    return engine, "model"
 
 
 def layout(cfg, cpu_workers: int | None, xpu_engine: str | None = None) -> tuple[int, int | None]:
     """(CPU decode workers, threads for the xPU worker or None for its own default).
-    `xpu_engine` None = the config's; an emulated accelerator counts as an accelerator."""
-    emulated = (xpu_engine or engines(cfg, None)[0]) == "emulated"
+    `xpu_engine` None = the config's; an emulated accelerator counts as an accelerator; vLLM
+    keeps its own threads."""
+    xpu_engine = xpu_engine or engines(cfg, None)[0]
+    emulated = xpu_engine == "emulated"
     accel = emulated or has_accelerator(cfg.gpu.device)
     n_cpu = cpu_workers if cpu_workers is not None else cfg.cpu.workers
     if n_cpu is None:
         n_cpu = 1 if accel else 0
     threads = None
-    if not accel and n_cpu == 0 and cfg.gpu.threads is None:
+    if not accel and n_cpu == 0 and cfg.gpu.threads is None and xpu_engine != "vllm":
         threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
         threads = threads or os.cpu_count() or 1
     return n_cpu, threads
@@ -100,7 +109,7 @@ def _children(args, cfg, config_path: str | None, url: str) -> list[Child]:
     common = ["--redis-url", url] + (["--config", config_path] if config_path else [])
     xpu_engine, cpu_engine = engines(cfg, args.engine)
     n_cpu, xpu_threads = layout(cfg, args.cpu_workers, xpu_engine)
-    emulated = f", EMULATED {cfg.gpu.profile}" if xpu_engine == "emulated" else ""
+    emulated = {"emulated": f", EMULATED {cfg.gpu.profile}", "vllm": ", vLLM"}.get(xpu_engine, "")
     log.warning(
         "layout: xPU-role worker (prefill + decode%s%s) + %d CPU decode worker(s)",
         f", {xpu_threads} threads" if xpu_threads else "",
@@ -175,6 +184,13 @@ def run(args: argparse.Namespace) -> int:
             load_profile(cfg.gpu.profile)
         except ProfileError as exc:
             print(f"syshax run: gpu.profile: {exc}", file=sys.stderr)
+            return 2
+    if engines(cfg, args.engine)[0] == "vllm":  # the same: vLLM here, settings, an HF folder
+        from syshax.commands.vllm_setup import vllm_problems
+
+        problems = vllm_problems(cfg)
+        if problems:
+            print("\n".join(f"syshax run: {p}" for p in problems), file=sys.stderr)
             return 2
     embedded = None
     url = cfg.redis.url

@@ -1,8 +1,8 @@
 """`syshax worker`: one worker process (one engine on one device, roles prefill and/or decode).
 
-Engines: `model` (the real one, on --device), `echo` (a zero-cost stand-in) and `emulated` (an
-emulated accelerator for the xPU role: steps sleep for an accelerator profile's predicted time,
-workers/emulated_engine.py). Without --engine the xPU class follows `gpu.engine` (native =
+Engines: `model` (the real one, on --device), `echo` (a zero-cost stand-in), `emulated` (an
+emulated accelerator for the xPU role: steps sleep for a profile's predicted time) and `vllm`
+(vLLM as the xPU, docs/vllm.md). Without --engine the xPU class follows `gpu.engine` (native =
 model) and the CPU class runs the model. A worker that prefills decides where each decode
 goes with the config's `decode_device`, `auto_pd_offload` and `slo.itl_ms`."""
 
@@ -21,7 +21,7 @@ import uuid
 log = logging.getLogger("syshax.worker")
 MAX_BACKOFF = 10.0  # seconds between reconnection attempts while Redis is down, at most
 STABLE_S = 30.0  # connected this long: the backoff starts again from its shortest wait
-ENGINES = ("model", "echo", "emulated")
+ENGINES = ("model", "echo", "emulated", "vllm")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -91,8 +91,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="model = the real engine on --device; echo = zero-cost stand-in for overhead "
         "benchmarks; emulated = an emulated accelerator for the xPU class (no model runs: each "
         "step sleeps for the time --profile predicts, the text is meaningless, handed-off KV has "
-        "the real model's shape; docs/emulated-accelerator.md) (default: gpu.engine for the xPU "
-        "class, native = model; model for the cpu class)",
+        "the real model's shape; docs/emulated-accelerator.md); vllm = vLLM serves the xPU class "
+        "(gpu.vllm settings; needs vLLM in the Python running this, e.g. .venv-vllm/bin/syshax, "
+        "and an HF model folder: `syshax convert` makes one; docs/vllm.md) (default: gpu.engine "
+        "for the xPU class, native = model; model for the cpu class)",
     )
     p.add_argument(
         "--profile",
@@ -133,18 +135,18 @@ def _resolve_device(device: str) -> str:
 
 
 def _engine_and_class(args, cfg, roles: frozenset[str]) -> tuple[str, str]:
-    """(engine, device class): an emulated accelerator is the xPU class; otherwise the class
+    """(engine, device class): an emulated or vLLM accelerator is the xPU class; else the class
     is cpu for a decode-only worker on the CPU, else gpu; without --engine the xPU class
     follows gpu.engine (native = model) and the CPU class runs the model."""
     engine = args.engine
     if args.device_class:
         cls = args.device_class
-    elif engine == "emulated":
+    elif engine in ("emulated", "vllm"):
         cls = "gpu"
     else:
         cls = "cpu" if roles == {"decode"} and (args.device or "cpu") == "cpu" else "gpu"
     if engine is None:
-        engine = "emulated" if cls == "gpu" and cfg.gpu.engine == "emulated" else "model"
+        engine = cfg.gpu.engine if cls == "gpu" and cfg.gpu.engine != "native" else "model"
     return engine, cls
 
 
@@ -173,6 +175,10 @@ def _build_engine(args, cfg, device: str, slots: int, kernels=None, profile=None
     from syshax.workers.engine.loader import resolve_model_path
 
     model = args.model or cfg.model
+    if args.engine == "vllm":  # vLLM is imported in this branch only
+        from syshax.commands.vllm_setup import build_engine
+
+        return build_engine(args, cfg, resolve_model_path(model), slots)
     if args.engine == "emulated":
         from syshax.workers.emulated_engine import EmulatedEngine
 
@@ -251,10 +257,16 @@ def run(args: argparse.Namespace) -> int:
     args.engine, cls = _engine_and_class(args, cfg, roles)
     try:
         profile = _emulated_profile(args, cfg, cls)
+        if args.engine == "vllm":  # before anything heavy: vLLM importable, the settings
+            from syshax.commands.vllm_setup import check_worker
+
+            check_worker(args, cfg, cls)
     except ValueError as exc:
         log.error("%s", exc)
         return 2
-    if profile is not None:
+    if args.engine == "vllm":
+        device = f"vllm:{_resolve_device('auto')}"  # vLLM picks its device
+    elif profile is not None:
         device = f"emulated:{profile.name}"  # what the heartbeat and the token events show
     else:
         device = _resolve_device(args.device or (cfg.gpu.device if cls == "gpu" else "cpu"))

