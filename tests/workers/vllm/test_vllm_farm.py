@@ -94,3 +94,62 @@ def test_cpu_decodes_continue_vllm_prefills_with_vllm_greedy_output(proc_farm, h
     left = farm.wait_quiescent()
     assert left["leases"] == (0, 0) and left["shm"] == [], left
     assert left["entries"] == 0 and left["pending"] == 0 and left["busy"] == {}, left
+
+
+def _vllm_farm(proc_farm, hf_folder, **config):
+    farm = proc_farm(max_model_len=512, gpu_max_batch_size=4, **config)
+    farm.cfg.model = str(hf_folder)
+    farm.cfg.gpu.vllm.dtype = "float32"
+    farm.cfg.gpu.vllm.enforce_eager = True
+    farm.cfg.gpu.vllm.cpu_kv_cache_gib = 1.0
+    farm.cfg.gpu.engine = "vllm"
+    farm.save_config()
+    return farm
+
+
+def test_a_vllm_worker_killed_mid_stream_is_recovered_like_any_worker(proc_farm, hf_folder):
+    """SIGKILL the vLLM worker while it streams; restarted under its id, it takes its job back
+    and vLLM recomputes the request from its tokens: the client's one stream ends with the
+    same greedy text as an undisturbed run, every token once."""
+    import threading
+
+    farm = _vllm_farm(proc_farm, hf_folder, decode_device="xpu")
+    farm.start_gateway()
+    vllm_worker = {"roles": "prefill,decode", "device_class": "gpu", "engine": None, "heartbeat_ttl": 10, "args": ("--port", "0")}  # fmt: skip
+    farm.start_worker("xpu", **vllm_worker)
+    farm.wait_registered(["xpu"], timeout=240)
+    farm.wait_healthy()
+    client = farm.client(timeout=300)
+    question = "Write a haiku about the sea."
+    stream_args = {"model": farm.cfg.model_id, "messages": [{"role": "user", "content": question}], "max_tokens": 48, "temperature": 0, "stream": True}  # fmt: skip
+    reference = "".join(
+        c.choices[0].delta.content or ""
+        for c in client.chat.completions.create(**stream_args)
+        if c.choices
+    )
+
+    started, result = threading.Event(), {}
+
+    def stream() -> None:
+        parts, rid = [], ""
+        for chunk in client.chat.completions.create(**stream_args):
+            rid = chunk.id
+            if chunk.choices and chunk.choices[0].delta.content:
+                parts.append(chunk.choices[0].delta.content)
+                if len(parts) == 4:
+                    started.set()
+        result["text"], result["rid"] = "".join(parts), rid
+
+    thread = threading.Thread(target=stream)
+    thread.start()
+    assert started.wait(120), "no tokens streamed"
+    farm.kill("xpu")
+    farm.start_worker("xpu", **vllm_worker)
+    thread.join(300)
+    assert not thread.is_alive()
+    assert result["text"] == reference
+    events = farm.events(result["rid"])
+    assert [e.seq for e in events] == list(range(len(events))) and not events[-1].error
+    assert "taking back job" in farm.log("xpu")
+    left = farm.wait_quiescent()
+    assert left["leases"] == (0, 0) and left["entries"] == 0 and left["pending"] == 0, left
