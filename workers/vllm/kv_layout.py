@@ -101,6 +101,25 @@ def read_blocks(
     )
 
 
+def _cpu_offsets(
+    layout: BlockLayout, heads: int, block_ids: list[int], num_tokens: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Flat offsets, within one layer's contiguous CPU_ATTN cache, of a request's K and V
+    elements in our order ([heads, tokens, head_dim]): the same for every layer, so each
+    layer is one gather straight into the output."""
+    bs, hd = layout.block_size, layout.head_dim
+    region = bs * hd
+    n = torch.arange(region)
+    inv_k = torch.empty_like(layout.k_index).index_copy_(0, layout.k_index, n)  # t*hd+d -> pos
+    inv_v = torch.empty_like(layout.v_index).index_copy_(0, layout.v_index, n)
+    t = torch.arange(num_tokens)
+    blocks = torch.tensor(block_ids, dtype=torch.long)[t // bs]
+    elem = (t % bs)[:, None] * hd + torch.arange(hd)[None, :]  # [tokens, hd]
+    head = torch.arange(heads)[:, None, None]
+    base = (blocks[:, None] * heads + head) * (2 * region)  # [heads, tokens, 1]
+    return base + inv_k[elem][None], base + region + inv_v[elem][None]
+
+
 def gather(
     backend: str,
     caches: list[torch.Tensor],
@@ -110,9 +129,27 @@ def gather(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The first `num_tokens` positions of a request whose block table is `block_ids`, from
     every layer's cache (in layer order): (K, V), each [layers, kv_heads, num_tokens, head_dim]
-    on the CPU, in the cache's dtype. Whole blocks are gathered by id, then cut."""
+    on the CPU, in the cache's dtype."""
     if not caches:
         raise KVLayoutError("no KV caches registered")
+    first = caches[0]
+    if backend == "CPU_ATTN" and layout is not None and all(c.is_contiguous() for c in caches):
+        # One copy per layer and part: elements picked by offset straight into the output.
+        read_blocks(backend, first, torch.tensor(block_ids[:1]), layout)  # checks the shape
+        heads = first.shape[1]
+        if num_tokens > len(block_ids) * layout.block_size:
+            raise KVLayoutError(
+                f"{num_tokens} tokens do not fit in {len(block_ids)} blocks of {layout.block_size}"
+            )
+        k_off, v_off = _cpu_offsets(layout, heads, block_ids, num_tokens)
+        shape = (len(caches), heads, num_tokens, layout.head_dim)
+        keys, values = torch.empty(shape, dtype=first.dtype), torch.empty(shape, dtype=first.dtype)
+        for i, cache in enumerate(caches):
+            flat = cache.view(-1)
+            torch.index_select(flat, 0, k_off.view(-1), out=keys[i].view(-1))
+            torch.index_select(flat, 0, v_off.view(-1), out=values[i].view(-1))
+        return keys, values
+    # Whole blocks gathered by id, then cut (other backends, or caches that are views).
     keys, values = [], []
     for cache in caches:
         index = torch.tensor(block_ids, dtype=torch.long, device=cache.device)

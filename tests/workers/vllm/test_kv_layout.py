@@ -19,7 +19,7 @@ def _reference(tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
     return k, -k - 1
 
 
-def _cpu_caches(k, v, block_ids, layout: BlockLayout) -> list[torch.Tensor]:
+def _cpu_caches(k, v, block_ids, layout: BlockLayout, contiguous=True) -> list[torch.Tensor]:
     """Write K/V into CPU_ATTN caches ([blocks, heads, bs, 2 * hd]) the way a kernel with
     `layout`'s element order would: flat position p of a block's K region holds element
     k_index[p] (= token * hd + dim)."""
@@ -35,6 +35,10 @@ def _cpu_caches(k, v, block_ids, layout: BlockLayout) -> list[torch.Tensor]:
                 if lo < tokens:
                     chunk[:, : hi - lo] = src[layer, :, lo:hi]
                 regions[block, :, part] = chunk.reshape(HEADS, BS * HD)[:, index]
+        if not contiguous:  # the same values in a view with a padded last dim (the slow path)
+            padded = torch.zeros(BLOCKS, HEADS, BS, 2 * HD + 3)
+            padded[..., : 2 * HD] = cache
+            cache = padded[..., : 2 * HD]
         caches.append(cache)
     return caches
 
@@ -47,10 +51,12 @@ def _transposed() -> BlockLayout:
 
 @pytest.mark.parametrize("layout", [BlockLayout.plain(BS, HD), _transposed()], ids=["plain", "dim-major"])  # fmt: skip
 @pytest.mark.parametrize("tokens", [1, 8, 13])
-def test_cpu_attn_gather_returns_the_request_tokens_in_order(layout, tokens):
+@pytest.mark.parametrize("contiguous", [True, False], ids=["offsets", "views"])
+def test_cpu_attn_gather_returns_the_request_tokens_in_order(layout, tokens, contiguous):
     k, v = _reference(tokens)
     block_ids = [4, 1] if tokens > BS else [3]
-    caches = _cpu_caches(k, v, block_ids, layout)
+    caches = _cpu_caches(k, v, block_ids, layout, contiguous)
+    assert all(c.is_contiguous() == contiguous for c in caches)
     got_k, got_v = kv_layout.gather("CPU_ATTN", caches, block_ids, tokens, layout)
     assert got_k.shape == (LAYERS, HEADS, tokens, HD)
     assert torch.equal(got_k, k) and torch.equal(got_v, v)
