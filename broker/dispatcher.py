@@ -46,6 +46,9 @@ class DeviceLoad:
     # Step time of one worker: base + rows * per_row seconds (None = not measured yet); with
     # several workers, the slowest one's (a stream may land on any of them).
     step_model: tuple[float, float] | None = None
+    # Slow steps / the model's prediction (95th percentile of the recent steps, >= 1): the
+    # SLO rule predicts a stream's tail latency, not its mean (its streams' p99 is the bar).
+    step_tail: float = 1.0
 
     @property
     def load(self) -> int:
@@ -54,14 +57,15 @@ class DeviceLoad:
     def has_room(self) -> bool:
         return self.workers > 0 and self.load < self.capacity
 
-    def predicted_itl(self, extra: int = 1) -> float | None:
+    def predicted_itl(self, extra: int = 1, tail: bool = False) -> float | None:
         """Seconds between tokens a stream would see with `extra` more streams here (None =
-        no measurement): the streams spread over the workers, each worker steps its share."""
+        no measurement): the streams spread over the workers, each worker steps its share.
+        `tail`: the slow steps' latency (times `step_tail`) instead of the typical one."""
         if self.step_model is None:
             return None
         rows = math.ceil((self.load + extra) / max(self.workers, 1))
         base, per_row = self.step_model
-        return base + per_row * rows
+        return (base + per_row * rows) * (self.step_tail if tail else 1.0)
 
     def per_sequence_tps(self) -> float:
         """Tokens/s one more sequence would get on this class (0 = unknown).
@@ -121,7 +125,9 @@ class Dispatcher:
 
     def _cap_cpu(self, cpu: DeviceLoad) -> DeviceLoad:
         cap = min(cpu.capacity, self.cpu_max_batch_size * max(cpu.workers, 1))
-        return DeviceLoad(cpu.workers, cap, cpu.running, cpu.queued, cpu.decode_tps, cpu.step_model)
+        return DeviceLoad(
+            cpu.workers, cap, cpu.running, cpu.queued, cpu.decode_tps, cpu.step_model, cpu.step_tail
+        )
 
     def _choose(self, gpu: DeviceLoad, cpu: DeviceLoad, tokens: int) -> Decision:
         if not self.auto_pd_offload:
@@ -169,7 +175,7 @@ class Dispatcher:
         all land past the SLO before the first measurement says so); the xPU's worker takes
         jobs only as it has slots, so trusting it costs nothing."""
         slo_ms = self.slo_itl_s * 1e3
-        gpu_itl, cpu_itl = gpu.predicted_itl(), cpu.predicted_itl()
+        gpu_itl, cpu_itl = gpu.predicted_itl(tail=True), cpu.predicted_itl(tail=True)
         if gpu_room and (gpu_itl is None or gpu_itl <= self.slo_itl_s):
             why = f"xPU within the SLO ({_ms(gpu_itl)} <= {slo_ms:.0f} ms)"
             return Decision(GPU, why, "slo")

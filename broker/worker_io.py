@@ -359,8 +359,9 @@ def device_loads(r: redis.Redis, workers: list[dict[str, str]], keys: Keys = KEY
         load.decode_tps += float(w.get("decode_tps", 0.0))
         if "step_base_ms" in w:
             model = (float(w["step_base_ms"]) / 1e3, float(w.get("step_row_ms", 0.0)) / 1e3)
-            # The slowest worker's curve: a new stream may land on any of them.
+            # The slowest worker's curve and tail: a new stream may land on any of them.
             load.step_model = max(load.step_model or model, model, key=lambda m: m[0] + m[1])
+            load.step_tail = max(load.step_tail, float(w.get("step_tail", 1.0)))
     pipe = r.pipeline()
     for cls in loads:
         stream = keys.decode_stream(cls)

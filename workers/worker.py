@@ -55,12 +55,17 @@ log = logging.getLogger(__name__)
 POLL_INTERVAL_S = 0.005
 
 
-def _step_fields(model: tuple[float, float] | None) -> dict[str, float]:
-    """The step-time model in the heartbeat (ms; absent before the first decode step): what the
-    dispatcher predicts an inter-token latency from (`DeviceLoad.predicted_itl`)."""
+def _step_fields(stats) -> dict[str, float]:
+    """The step-time model and its tail in the heartbeat (ms; absent before the first decode
+    step): what the dispatcher predicts an inter-token latency from (`DeviceLoad`)."""
+    model = stats.step_time_model()
     if model is None:
         return {}
-    return {"step_base_ms": round(model[0] * 1e3, 3), "step_row_ms": round(model[1] * 1e3, 4)}
+    return {
+        "step_base_ms": round(model[0] * 1e3, 3),
+        "step_row_ms": round(model[1] * 1e3, 4),
+        "step_tail": round(stats.step_tail(model), 3),
+    }
 
 
 @dataclass
@@ -198,7 +203,7 @@ class Worker:
             "kv_blocks_held": e.kv_blocks[1] - e.kv_blocks[0],
             "kv_blocks": e.kv_blocks[1],
             "decode_tps": round(e.stats.recent_decode_tps, 2),
-            **_step_fields(e.stats.step_time_model()),
+            **_step_fields(e.stats),
             "model": self.opts.served_model,
             "draining": int(self.draining),
         }

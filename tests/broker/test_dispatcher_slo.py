@@ -101,6 +101,31 @@ def test_step_time_model_fits_the_steps_an_engine_ran():
     assert prefill_only.step_time_model() is None, "no decode rows: no inter-token latency"
 
 
+def test_step_tail_is_how_much_slower_the_slow_steps_run():
+    stats = EngineStats()
+    for _ in range(7):
+        stats.record(0, 2, 0.040)
+    assert stats.step_tail() == 1.0, "fewer than 8 steps: no tail yet"
+    for i in range(40):  # one step in ten takes twice the model's time
+        stats.record(0, 2, 0.080 if i % 10 == 0 else 0.040)
+    model = stats.step_time_model()
+    assert 1.5 < stats.step_tail(model) < 2.0
+
+
+def test_the_slo_rule_admits_cpu_streams_by_their_tail_latency():
+    d = slo(50)
+    gpu = DeviceLoad(workers=1, capacity=4, running=4, step_model=GPU_STEPS)  # full
+    cpu = DeviceLoad(workers=1, capacity=8, running=1, step_model=CPU_STEPS)
+    assert d.choose(gpu, cpu, 10).device == CPU  # 40 ms with one more
+    cpu.step_tail = 1.5  # slow steps at 60 ms: past the SLO
+    decision = d.choose(gpu, cpu, 10)
+    assert (
+        decision.device == GPU
+        and "CPU over the SLO with one more (60 ms > 50 ms)" in decision.reason
+    )
+    assert cpu.predicted_itl() == pytest.approx(0.040)  # the typical latency is unchanged
+
+
 def test_every_decision_names_its_rule():
     gpu = DeviceLoad(workers=1, capacity=4, running=4, step_model=GPU_STEPS)  # full
     cpu = DeviceLoad(workers=1, capacity=8, running=3, step_model=CPU_STEPS)  # 60 ms with one more

@@ -86,3 +86,15 @@ class EngineStats:
             slope = max(slope, 0.0)  # noise can tilt it below zero: a step never gets cheaper
             return max(mean_y - slope * mean_x, 0.0), slope
         return mean_y / 2, mean_y / (2 * mean_x)
+
+    def step_tail(self, model: tuple[float, float] | None = None, quantile: float = 0.95) -> float:
+        """How much slower than the fitted model (`step_time_model`) the slow steps run: the
+        `quantile` of measured / predicted over the recent steps, at least 1.0 (1.0 with fewer
+        than 8 steps). A stream's tail inter-token latency is about the model's prediction
+        times this: on a CPU sharing its cores (the gateway, Redis, the OS), steps jitter."""
+        model = model or self.step_time_model()
+        if model is None or len(self.steps) < 8:
+            return 1.0
+        base, per_row = model
+        ratios = sorted(s / max(base + per_row * r, 1e-9) for r, s in self.steps)
+        return max(1.0, ratios[min(len(ratios) - 1, int(quantile * len(ratios)))])

@@ -1,0 +1,26 @@
+"""The dispatcher's input from live heartbeats and the decode streams (a real Redis)."""
+
+from __future__ import annotations
+
+import pytest
+from syshax.broker.keys import KEYS
+from syshax.broker.worker_io import device_loads
+
+
+def _worker(cls: str, **fields: str) -> dict[str, str]:
+    base = {"roles": "decode", "device_class": cls, "capacity": "8", "running": "1", "waiting": "0"}
+    return base | fields
+
+
+def test_step_models_and_tails_take_the_slowest_worker(r):
+    workers = [
+        _worker("cpu", step_base_ms="20", step_row_ms="10", step_tail="1.2"),
+        _worker("cpu", step_base_ms="30", step_row_ms="10", step_tail="1.8"),
+        _worker("gpu", step_base_ms="5", step_row_ms="0.1"),  # an older worker: no tail field
+        _worker("cpu", roles="prefill"),  # not a decoder: not counted
+    ]
+    loads = device_loads(r, workers, KEYS)
+    cpu, gpu = loads["cpu"], loads["gpu"]
+    assert (cpu.workers, cpu.capacity, cpu.running) == (2, 16, 2)
+    assert cpu.step_model == pytest.approx((0.030, 0.010)) and cpu.step_tail == 1.8
+    assert gpu.step_model == pytest.approx((0.005, 0.0001)) and gpu.step_tail == 1.0
