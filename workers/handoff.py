@@ -33,6 +33,13 @@ def decide(worker: Worker, job: Job) -> Decision:
     me = {**static, **{k: str(v) for k, v in worker.load_fields().items()}}
     others = [w for w in worker.peers() if w.get("id") != worker.opts.worker_id]
     loads = device_loads(worker.r, [*others, me], worker.keys)
+    # This sequence already holds one of our slots (it was just prefilled here): counted in
+    # our class's load, it would be counted twice as "one more stream", and a class exactly
+    # full with it would look over capacity and send it away. (A prefill-only worker's load
+    # is not in the decode classes' at all.)
+    own = loads.get(worker.opts.device_class)
+    if own is not None and "decode" in worker.opts.roles:
+        own.running = max(own.running - 1, 0)
     decision = worker.dispatcher.choose(loads["gpu"], loads["cpu"], remaining)
     _record(worker, job, decision)
     return decision

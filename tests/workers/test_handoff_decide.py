@@ -1,0 +1,54 @@
+"""`handoff.decide`: the load a worker gives the dispatcher for a sequence it just prefilled."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import fakeredis
+import prometheus_client
+from syshax.broker.dispatcher import CPU, GPU, Dispatcher
+from syshax.broker.keys import KEYS
+from syshax.shared.sampling import SamplingParams
+from syshax.workers import handoff
+
+
+def _worker(running: int, capacity: int, roles: set[str], dispatcher: Dispatcher, peers):
+    counter = prometheus_client.Counter("d", "d", ["device", "rule"], registry=None)
+    me = {
+        "roles": ",".join(sorted(roles)), "device_class": "gpu", "capacity": capacity,
+        "running": running, "waiting": 0, "step_base_ms": 2.0, "step_row_ms": 0.1,
+    }  # fmt: skip
+    return SimpleNamespace(
+        r=fakeredis.FakeRedis(),
+        keys=KEYS,
+        dispatcher=dispatcher,
+        engine=SimpleNamespace(output_ids=lambda rid: [7], max_model_len=512),
+        heartbeat=SimpleNamespace(static={"id": "xpu", "host": "h"}),
+        load_fields=lambda: me,
+        peers=lambda: peers,
+        opts=SimpleNamespace(worker_id="xpu", device_class="gpu", roles=frozenset(roles)),
+        metrics=SimpleNamespace(labels={}, dispatch=counter),
+    )
+
+
+CPU_PEER = {"id": "cpu0", "roles": "decode", "device_class": "cpu", "capacity": "8", "running": "0", "waiting": "0", "step_base_ms": "20", "step_row_ms": "10"}  # fmt: skip
+JOB = SimpleNamespace(request_id="r1", params=SamplingParams(max_tokens=32))
+
+
+def test_a_sequence_that_fills_its_own_worker_exactly_stays_there():
+    """The sequence just prefilled already holds one of the xPU's 4 slots (running 4 counts
+    it): keeping it needs no fifth slot, so the xPU is not "full" for it."""
+    worker = _worker(4, 4, {"prefill", "decode"}, Dispatcher(slo_itl_s=0.050), [CPU_PEER])
+    decision = handoff.decide(worker, JOB)
+    assert decision.device == GPU and decision.rule == "slo", decision
+
+
+def test_one_more_than_the_slots_still_goes_elsewhere():
+    worker = _worker(5, 4, {"prefill", "decode"}, Dispatcher(slo_itl_s=0.050), [CPU_PEER])
+    assert handoff.decide(worker, JOB).device == CPU
+
+
+def test_a_prefill_only_worker_does_not_discount_a_class_it_is_not_in():
+    gpu_decoder = {"id": "g2", "roles": "decode", "device_class": "gpu", "capacity": "4", "running": "4", "waiting": "0", "step_base_ms": "2", "step_row_ms": "0.1"}  # fmt: skip
+    worker = _worker(1, 4, {"prefill"}, Dispatcher(slo_itl_s=0.050), [CPU_PEER, gpu_decoder])
+    assert handoff.decide(worker, JOB).device == CPU  # the gpu decoder is full: 4 of 4
