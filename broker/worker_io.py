@@ -367,12 +367,25 @@ def device_loads(r: redis.Redis, workers: list[dict[str, str]], keys: Keys = KEY
         stream = keys.decode_stream(cls)
         pipe.xlen(stream)
         pipe.xpending(stream, keys.decode_group)
+    pipe.xlen(keys.prefill_stream)
+    pipe.xpending(keys.prefill_stream, keys.prefill_group)
     replies = pipe.execute(raise_on_error=False)
-    for i, cls in enumerate(loads):
+
+    def waiting(i: int) -> tuple[int, int]:
         length, pending = replies[2 * i], replies[2 * i + 1]
         taken = pending.get("pending", 0) if isinstance(pending, dict) else 0
-        loads[cls].queued = max(int(length if isinstance(length, int) else 0) - taken, 0)
+        return max(int(length if isinstance(length, int) else 0) - taken, 0), taken
+
+    for i, cls in enumerate(loads):
+        loads[cls].queued, taken = waiting(i)
         # Heartbeats lag by up to a second; the stream's pending entries (jobs taken and not
         # yet finished) are exact for everything that was handed off.
         loads[cls].running = max(loads[cls].running, taken)
+    # Prompts waiting for a prefill will each take a slot of the class that prefills them:
+    # a class whose every slot is held while prompts wait has no room for one more stream.
+    prefill_classes = {w.get("device_class") for w in workers if "prefill" in w.get("roles", "").split(",")}  # fmt: skip
+    for cls in ("gpu", "cpu"):
+        if cls in prefill_classes:
+            loads[cls].queued += waiting(len(loads))[0]
+            break
     return loads

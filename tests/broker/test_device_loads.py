@@ -24,3 +24,14 @@ def test_step_models_and_tails_take_the_slowest_worker(r):
     assert (cpu.workers, cpu.capacity, cpu.running) == (2, 16, 2)
     assert cpu.step_model == pytest.approx((0.030, 0.010)) and cpu.step_tail == 1.8
     assert gpu.step_model == pytest.approx((0.005, 0.0001)) and gpu.step_tail == 1.0
+
+
+def test_prompts_waiting_for_a_prefill_count_on_the_prefilling_class(r):
+    r.xgroup_create(KEYS.prefill_stream, KEYS.prefill_group, id="0", mkstream=True)
+    for i in range(3):
+        r.xadd(KEYS.prefill_stream, {"n": i})
+    r.xreadgroup(KEYS.prefill_group, "xpu", {KEYS.prefill_stream: ">"}, count=1)  # one taken
+    workers = [_worker("gpu", roles="prefill,decode"), _worker("cpu")]
+    loads = device_loads(r, workers, KEYS)
+    assert loads["gpu"].queued == 2, "two prompts wait for an xPU slot"
+    assert loads["cpu"].queued == 0

@@ -52,3 +52,13 @@ def test_a_prefill_only_worker_does_not_discount_a_class_it_is_not_in():
     gpu_decoder = {"id": "g2", "roles": "decode", "device_class": "gpu", "capacity": "4", "running": "4", "waiting": "0", "step_base_ms": "2", "step_row_ms": "0.1"}  # fmt: skip
     worker = _worker(1, 4, {"prefill"}, Dispatcher(slo_itl_s=0.050), [CPU_PEER, gpu_decoder])
     assert handoff.decide(worker, JOB).device == CPU  # the gpu decoder is full: 4 of 4
+
+
+def test_a_full_worker_with_prompts_waiting_hands_the_sequence_off():
+    """Keeping the sequence would fill the xPU while prompts wait for its slots: the CPU takes
+    it (within the SLO), so the xPU can take the next prompt."""
+    worker = _worker(4, 4, {"prefill", "decode"}, Dispatcher(slo_itl_s=0.050), [CPU_PEER])
+    worker.r.xgroup_create(KEYS.prefill_stream, KEYS.prefill_group, id="0", mkstream=True)
+    worker.r.xadd(KEYS.prefill_stream, {"n": 1})
+    decision = handoff.decide(worker, JOB)
+    assert decision.device == CPU and decision.rule == "slo", decision
