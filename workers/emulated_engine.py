@@ -27,7 +27,7 @@ from .accelerator_profiles import AcceleratorProfile, ModelScale, load_profile, 
 from .engine.config import ModelConfig
 from .engine.errors import EngineError, RequestError
 from .engine.outputs import EngineStats, StepOutput
-from .engine.protocol import SchedulerRequests
+from .engine.protocol import PortableKV, SchedulerRequests
 from .engine.scheduler import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_MAX_NUM_BATCHED_TOKENS,
@@ -54,7 +54,7 @@ def read_model_config(path: Path) -> ModelConfig:
     return ModelConfig.from_hf(read_config(path), source=str(path / "config.json"), name=path.name)
 
 
-class EmulatedEngine(SchedulerRequests):
+class EmulatedEngine(SchedulerRequests, PortableKV):
     emulated = True  # for whoever labels outputs (the worker, metrics)
 
     def __init__(
@@ -200,11 +200,6 @@ class EmulatedEngine(SchedulerRequests):
         if release:
             self.abort(request_id)
         return blob
-
-    def describe_kv(self, blob: bytes | memoryview) -> dict:
-        from .engine import kv_format
-
-        return kv_format.describe(blob)
 
     def import_kv(
         self,

@@ -26,7 +26,7 @@ from .kv_cache import KVCache
 from .loader import WEIGHT_PLANS, is_gguf, load_model, parse_dtype, resolve_model_path
 from .memory import available_bytes, plan_kv_blocks
 from .outputs import EngineStats, StepOutput
-from .protocol import SchedulerRequests
+from .protocol import PortableKV, SchedulerRequests
 from .runner import FusedRunner, TorchRunner
 from .sampler import sample
 from .scheduler import DEFAULT_BLOCK_SIZE, DEFAULT_MAX_NUM_BATCHED_TOKENS, Scheduler
@@ -70,7 +70,7 @@ def resolve_device(device: str) -> torch.device:
     return dev
 
 
-class Engine(SchedulerRequests):
+class Engine(SchedulerRequests, PortableKV):
     def __init__(
         self,
         model: str | Path | None = None,
@@ -274,10 +274,6 @@ class Engine(SchedulerRequests):
         if release:
             self.abort(request_id)
         return blob
-
-    def describe_kv(self, blob: bytes | memoryview) -> dict:
-        """The blob's header fields (for the KV handle that records where it waits)."""
-        return kv_format.describe(blob)
 
     def import_kv(
         self,

@@ -115,3 +115,14 @@ class SchedulerRequests:
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
+
+
+class PortableKV:
+    """`describe_kv` for the engines whose blobs are kv_format's (the model engine, the emulated
+    accelerator, vLLM): the header's fields, for the KV handle that records where a blob waits.
+    (kv_format is imported on use: this module stays torch-free.)"""
+
+    def describe_kv(self, blob: bytes | memoryview) -> dict:
+        from . import kv_format
+
+        return kv_format.describe(blob)

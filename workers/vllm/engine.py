@@ -26,6 +26,7 @@ from syshax.shared.sampling import SamplingParams
 
 from ..engine.errors import EngineError, KVFormatError, RequestError
 from ..engine.outputs import EngineStats, StepOutput
+from ..engine.protocol import PortableKV
 from .args import VllmArgs, VllmArgsError, check_version
 
 log = logging.getLogger(__name__)
@@ -33,7 +34,7 @@ log = logging.getLogger(__name__)
 CONNECTOR_MODULE = "syshax.workers.vllm.connector"
 
 
-class VllmEngine:
+class VllmEngine(PortableKV):
     def __init__(self, model: str | Path, args: VllmArgs | None = None):
         """`model`: an HF folder (`syshax convert MODEL.gguf DIR` makes one from a GGUF)."""
         args = args or VllmArgs()
@@ -141,14 +142,13 @@ class VllmEngine:
             raise RequestError(
                 f"prompt of {total} tokens does not fit max_model_len {self.max_model_len}"
             )
-        max_tokens = params.max_tokens or self.max_model_len - total
-        if params.max_tokens:
-            max_tokens = params.max_tokens - len(done)
+        # A resumed request's budget is what its earlier outputs left of it.
+        max_tokens = params.max_tokens - len(done) if params.max_tokens else self.max_model_len
         vparams = self._vparams(
             n=1,
             temperature=params.temperature,
             top_p=params.top_p,
-            top_k=params.top_k if params.top_k > 0 else 0,
+            top_k=max(params.top_k, 0),
             seed=params.seed,
             stop=list(params.stop) or None,
             stop_token_ids=list(params.stop_token_ids) or None,
@@ -241,11 +241,6 @@ class VllmEngine:
         except ValueError as exc:  # the connector's gather failed (KVLayoutError)
             raise RequestError(f"KV of request {request_id!r} not readable: {exc}") from exc
         return kv_format.encode(self.config, keys, values, next_token=done[-1])
-
-    def describe_kv(self, blob: bytes | memoryview) -> dict:
-        from ..engine import kv_format
-
-        return kv_format.describe(blob)
 
     def import_kv(
         self,

@@ -73,28 +73,34 @@ def _unscramble(region: torch.Tensor, index: torch.Tensor, layout: BlockLayout) 
     return out.view(region.shape[0], region.shape[1], layout.block_size, layout.head_dim)
 
 
+def _block_size(backend: str, cache: torch.Tensor, layout: BlockLayout | None) -> int:
+    """One layer's cache checked against its backend's layout; its tokens per block."""
+    check_backend(backend)
+    if backend == "CPU_ATTN":
+        # [blocks, kv_heads, block_size, 2 * head_dim]: per (block, head), the K region then
+        # the V region, as cpu_attn's own view splits them.
+        shape = tuple(cache.shape)
+        if layout is None or len(shape) != 4 or shape[2:] != (layout.block_size, 2 * layout.head_dim):  # fmt: skip
+            raise KVLayoutError(f"CPU_ATTN cache of shape {shape} vs layout {layout}")
+        return layout.block_size
+    # FLASH_ATTN: [2, blocks, block_size, kv_heads, head_dim]
+    if cache.dim() != 5 or cache.shape[0] != 2:
+        raise KVLayoutError(f"FLASH_ATTN cache of shape {tuple(cache.shape)}")
+    return cache.shape[2]
+
+
 def read_blocks(
     backend: str, cache: torch.Tensor, index: torch.Tensor, layout: BlockLayout | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The blocks `index` of one layer's cache -> (K, V), each [n, kv_heads, block_size,
     head_dim], tokens in order."""
-    check_backend(backend)
+    _block_size(backend, cache, layout)
     if backend == "CPU_ATTN":
-        # [blocks, kv_heads, block_size, 2 * head_dim]: per (block, head), the K region then
-        # the V region, as cpu_attn's own view splits them.
-        if cache.dim() != 4 or layout is None:
-            raise KVLayoutError(f"CPU_ATTN cache of shape {tuple(cache.shape)} (layout {layout})")
-        blocks, heads, block_size, two_hd = cache.shape
-        if (block_size, two_hd // 2) != (layout.block_size, layout.head_dim):
-            raise KVLayoutError(f"CPU_ATTN cache of shape {tuple(cache.shape)} vs {layout}")
-        picked = cache.index_select(0, index).reshape(len(index), heads, 2, -1)
+        picked = cache.index_select(0, index).reshape(len(index), cache.shape[1], 2, -1)
         return (
             _unscramble(picked[:, :, 0], layout.k_index, layout),
             _unscramble(picked[:, :, 1], layout.v_index, layout),
         )
-    # FLASH_ATTN: [2, blocks, block_size, kv_heads, head_dim]
-    if cache.dim() != 5 or cache.shape[0] != 2:
-        raise KVLayoutError(f"FLASH_ATTN cache of shape {tuple(cache.shape)}")
     return (
         cache[0].index_select(0, index).transpose(1, 2),
         cache[1].index_select(0, index).transpose(1, 2),
@@ -133,14 +139,12 @@ def gather(
     if not caches:
         raise KVLayoutError("no KV caches registered")
     first = caches[0]
-    if backend == "CPU_ATTN" and layout is not None and all(c.is_contiguous() for c in caches):
+    block_size = _block_size(backend, first, layout)
+    if num_tokens > len(block_ids) * block_size:
+        raise KVLayoutError(f"{num_tokens} tokens do not fit in {len(block_ids)} blocks of {block_size}")  # fmt: skip
+    if backend == "CPU_ATTN" and all(c.is_contiguous() for c in caches):
         # One copy per layer and part: elements picked by offset straight into the output.
-        read_blocks(backend, first, torch.tensor(block_ids[:1]), layout)  # checks the shape
         heads = first.shape[1]
-        if num_tokens > len(block_ids) * layout.block_size:
-            raise KVLayoutError(
-                f"{num_tokens} tokens do not fit in {len(block_ids)} blocks of {layout.block_size}"
-            )
         k_off, v_off = _cpu_offsets(layout, heads, block_ids, num_tokens)
         shape = (len(caches), heads, num_tokens, layout.head_dim)
         keys, values = torch.empty(shape, dtype=first.dtype), torch.empty(shape, dtype=first.dtype)
@@ -149,16 +153,11 @@ def gather(
             torch.index_select(flat, 0, k_off.view(-1), out=keys[i].view(-1))
             torch.index_select(flat, 0, v_off.view(-1), out=values[i].view(-1))
         return keys, values
-    # Whole blocks gathered by id, then cut (other backends, or caches that are views).
+    # Whole blocks gathered by id, then cut (FLASH_ATTN, or CPU caches that are views).
     keys, values = [], []
     for cache in caches:
         index = torch.tensor(block_ids, dtype=torch.long, device=cache.device)
-        k, v = read_blocks(backend, cache, index, layout)
-        if num_tokens > len(block_ids) * k.shape[2]:
-            raise KVLayoutError(
-                f"{num_tokens} tokens do not fit in {len(block_ids)} blocks of {k.shape[2]}"
-            )
-        for blocks, out in ((k, keys), (v, values)):
+        for blocks, out in zip(read_blocks(backend, cache, index, layout), (keys, values), strict=True):  # fmt: skip
             seq = blocks.permute(1, 0, 2, 3).reshape(blocks.shape[1], -1, blocks.shape[3])
             out.append(seq[:, :num_tokens].to("cpu"))
     return torch.stack(keys), torch.stack(values)

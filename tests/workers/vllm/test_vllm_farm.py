@@ -59,13 +59,7 @@ def _run(farm) -> list[tuple[str, list[int], list[str]]]:
 
 
 def test_cpu_decodes_continue_vllm_prefills_with_vllm_greedy_output(proc_farm, hf_folder):
-    farm = proc_farm(decode_device="cpu", max_model_len=512, gpu_max_batch_size=4)
-    farm.cfg.model = str(hf_folder)
-    farm.cfg.gpu.vllm.dtype = "float32"
-    farm.cfg.gpu.vllm.enforce_eager = True
-    farm.cfg.gpu.vllm.cpu_kv_cache_gib = 1.0
-    farm.cfg.gpu.engine = "vllm"
-    farm.save_config()
+    farm = _vllm_farm(proc_farm, hf_folder, decode_device="cpu")
     farm.start_gateway()
     # engine None: the xPU class follows gpu.engine
     farm.start_worker("xpu", "prefill,decode", "gpu", engine=None, args=("--port", "0"))
@@ -97,6 +91,7 @@ def test_cpu_decodes_continue_vllm_prefills_with_vllm_greedy_output(proc_farm, h
 
 
 def _vllm_farm(proc_farm, hf_folder, **config):
+    """A process farm whose xPU engine is vLLM on the float32 folder (greedy-exact vs float)."""
     farm = proc_farm(max_model_len=512, gpu_max_batch_size=4, **config)
     farm.cfg.model = str(hf_folder)
     farm.cfg.gpu.vllm.dtype = "float32"
