@@ -42,7 +42,15 @@ PROMPTS = [
 # name -> config overrides on SmolLM2-135M's config.json (hidden, layers, heads, kv heads, ffn)
 SHAPES = {
     "135m": {},
-    "1b": dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8, intermediate_size=8192, head_dim=64, rope_theta=500000.0),  # fmt: skip
+    "1b": dict(
+        hidden_size=2048,
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        intermediate_size=8192,
+        head_dim=64,
+        rope_theta=500000.0,
+    ),  # fmt: skip
 }
 KV_BYTES = 4 << 30  # each engine's KV cache: plenty for these runs, small next to the device
 
@@ -267,7 +275,9 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     report: dict = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "device": torch.cuda.get_device_name() if args.device == "cuda" else platform.processor() or platform.machine(),  # fmt: skip
+        "device": torch.cuda.get_device_name()
+        if args.device == "cuda"
+        else platform.processor() or platform.machine(),  # fmt: skip
         "torch": torch.__version__,
         "cpu_threads": torch.get_num_threads(),
         "weights": "RANDOM (speed and parity only)",
