@@ -22,6 +22,10 @@ COMMANDS = {
         "syshax.commands.run",
         "Run the whole farm here: Redis (embedded if none), gateway, workers.",
     ),
+    "plan": (
+        "syshax.commands.plan",
+        "Predict tokens/s with and without CPU decode offload, and the best CPU layout.",
+    ),
     "worker": ("syshax.commands.worker", "Run one worker (prefill and/or decode) on one device."),
     "gateway": ("syshax.commands.gateway", "Run the OpenAI-compatible HTTP gateway."),
     "top": ("syshax.commands.top", "Live view of workers, queues and dispatcher decisions."),
