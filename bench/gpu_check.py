@@ -264,14 +264,22 @@ def measure_handoff(folder: Path, device: str, lengths: list[int]) -> list[dict]
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tokenizer", type=Path, required=True, help="a folder with SmolLM2's config.json and tokenizer files (bench/gpu_check.sh prepare writes .gpucheck/tokenizer)")  # fmt: skip
-    p.add_argument("--out", type=Path, required=True, help="folder for gpu_check.json")
+    p.add_argument(
+        "--out", type=Path, help="folder for gpu_check.json (required unless --write-model)"
+    )
     p.add_argument("--device", default="cuda", help="the device to check (default cuda; cpu = dry run)")  # fmt: skip
     p.add_argument("--work", type=Path, default=Path("/tmp/gpu_check"), help="where the random-weight folders are written (default /tmp/gpu_check)")  # fmt: skip
     p.add_argument("--batches", default="1,16,64", help="decode batch sizes (default 1,16,64)")
     p.add_argument("--new-tokens", type=int, default=64, help="decode tokens per sequence in the speed runs (default 64)")  # fmt: skip
     p.add_argument("--speed-shape", choices=list(SHAPES), default="1b", help="shape of the speed and handoff-cost runs (default 1b)")  # fmt: skip
     p.add_argument("--lengths", default="256,1024", help="prompt lengths of the handoff-cost run (default 256,1024)")  # fmt: skip
+    p.add_argument("--write-model", choices=list(SHAPES), help="only write a random-weight float32 folder of this shape under --work, print its path and exit (bench/gpu_check.sh hetero)")  # fmt: skip
     args = p.parse_args(argv)
+    if args.write_model:
+        print(write_random_hf(args.work / args.write_model, args.write_model, args.tokenizer, torch.float32, "cpu"))  # fmt: skip
+        return 0
+    if args.out is None:
+        p.error("--out is required")
     args.out.mkdir(parents=True, exist_ok=True)
     report: dict = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
