@@ -5,8 +5,8 @@ or the user). Closed-loop saturation of a workload of `input_len`-token prompts 
 `output_len`-token answers:
 
 * The xPU decodes `slots` streams; a decode step takes the profile's time at that batch and the
-  workload's mean context (`input_len + output_len / 2`), plus `xpu_overhead_s` (the worker's
-  own per-step cost around the device). It also prefills every request, its own and the CPU's:
+  workload's mean context (`input_len + output_len / 2`), plus the worker's own cost per step
+  around the device (`overhead_s + overhead_per_row_s * slots`). It also prefills every request, its own and the CPU's:
   each prompt adds `input_len / prefill_tokens_per_s` (scaled) to some step. With `k` the
   decode rate (tokens/s) and `p` one prefill's time, requests complete at (T_xpu + T_cpu) /
   output_len per second, so the xPU decodes a fraction 1 - (T_xpu + T_cpu) p / output_len of
@@ -100,11 +100,15 @@ class XpuModel:
     profile: AcceleratorProfile
     scale: ModelScale | float
     slots: int
-    overhead_s: float = 0.0  # the worker's own cost per step, outside the device
+    # The worker's own cost per step outside the device (its loop, scheduling, publishing the
+    # tokens): base + per_row * rows seconds.
+    overhead_s: float = 0.0
+    overhead_per_row_s: float = 0.0
 
     def decode_step_s(self, w: Workload) -> float:
         ctx = int(self.slots * w.mean_context)
-        return self.profile.step_seconds(0, self.slots, ctx, self.scale) + self.overhead_s
+        device = self.profile.step_seconds(0, self.slots, ctx, self.scale)
+        return device + self.overhead_s + self.overhead_per_row_s * self.slots
 
     def prefill_s(self, w: Workload) -> float:
         """What one prompt adds to the step it is computed in."""
@@ -157,11 +161,16 @@ def predict(
     return Prediction(layout, xpu_tps, cpu_tps, streams, itl, tail, capped)
 
 
+# Totals this close to the best count as equal (a probe's noise is larger than this).
+TIE = 0.02
+
+
 def best(predictions: Iterable[Prediction]) -> Prediction:
-    """The highest total; ties go to fewer workers (fewer processes, less memory)."""
+    """The highest total; within TIE of it, fewer workers win (fewer processes, less memory,
+    and the xPU alone over a CPU layout that adds next to nothing)."""
     preds = list(predictions)
     top = max(p.total_tps for p in preds)
-    close = [p for p in preds if p.total_tps >= top * (1 - 1e-9)]
+    close = [p for p in preds if p.total_tps >= top * (1 - TIE)]
     return min(close, key=lambda p: (p.layout.workers if p.layout else 0, p.cpu_streams))
 
 

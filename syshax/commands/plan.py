@@ -36,7 +36,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input-len", type=int, default=128, help="prompt tokens per request (default %(default)s)")  # fmt: skip
     p.add_argument("--output-len", type=int, default=128, help="output tokens per request (default %(default)s)")  # fmt: skip
     p.add_argument("--xpu-slots", type=int, help="streams the xPU decodes at once (default: the config's gpu.max_batch_size)")  # fmt: skip
-    p.add_argument("--xpu-overhead-ms", type=float, default=0.0, help="the xPU worker's own cost per step, outside the device (default 0)")  # fmt: skip
+    p.add_argument("--xpu-overhead-ms", default="0", metavar="BASE[,PER_ROW]", help="the xPU worker's own cost per step outside the device (its loop, scheduling, publishing tokens): BASE + PER_ROW x streams ms; bench/hetero.py prints it as measured (default 0: none)")  # fmt: skip
     p.add_argument("--farm-tps", type=float, help="tokens/s the farm can stream at all on this host (bench/serve.py --launch echo measures it); caps the totals (default: no cap)")  # fmt: skip
     p.add_argument("--cores", type=int, help="cores for CPU decode workers (default: every core this process may use)")  # fmt: skip
     p.add_argument("--cpu-max-batch", type=int, help="most streams per CPU worker (default: the config's cpu_max_batch_size)")  # fmt: skip
@@ -62,6 +62,16 @@ def _layouts(args, cfg, cores: int) -> list[tuple[int, int]]:
 
         return [(cfg.cpu.workers or 1, resolve_threads(cfg.cpu.threads))]
     return layouts_for(cores)
+
+
+def _ms_pair(text: str, flag: str) -> tuple[float, float]:
+    try:
+        parts = [float(x) for x in text.split(",")]
+    except ValueError:
+        parts = []
+    if len(parts) not in (1, 2) or min(parts) < 0:
+        raise ValueError(f"{flag} {text!r}: expected BASE[,PER_ROW] in ms, >= 0")
+    return parts[0], parts[1] if len(parts) == 2 else 0.0
 
 
 def _given_curve(text: str):
@@ -126,7 +136,8 @@ def run(args: argparse.Namespace) -> int:
         if slo_ms is not None and slo_ms <= 0:
             raise ValueError(f"--slo-itl-ms must be > 0, got {slo_ms}")
         slo = slo_ms / 1e3 if slo_ms else None
-        xpu = cp.XpuModel(profile, scale, args.xpu_slots or cfg.gpu.max_batch_size, args.xpu_overhead_ms / 1e3)  # fmt: skip
+        over = _ms_pair(args.xpu_overhead_ms, "--xpu-overhead-ms")
+        xpu = cp.XpuModel(profile, scale, args.xpu_slots or cfg.gpu.max_batch_size, over[0] / 1e3, over[1] / 1e3)  # fmt: skip
         cores = args.cores or len(os.sched_getaffinity(0))
         max_streams = args.cpu_max_batch or cfg.cpu_max_batch_size
         layouts = _layouts(args, cfg, cores)

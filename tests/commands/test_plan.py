@@ -28,6 +28,10 @@ def test_given_curve_predicts_without_probing(capsys):
     capped = run_json(capsys, "--profile", "a10", "--slo-itl-ms", "50", "--xpu-slots", "4", "--cpu-step-ms", "4,2", "--layouts", "1x2", "--farm-tps", "1000")  # fmt: skip
     assert capped["best"]["total_tok_s"] == pytest.approx(1000.0)
     assert capped["xpu_alone"]["capped_by_farm"]
+    # The xPU worker's own cost per step (1 + 0.5 x 4 streams = 3 ms) slows the xPU alone.
+    slow = run_json(capsys, "--profile", "a10", "--xpu-slots", "4", "--cpu-step-ms", "4,2", "--layouts", "1x2", "--xpu-overhead-ms", "1,0.5")  # fmt: skip
+    assert slow["xpu"]["decode_step_ms"] == pytest.approx(r["xpu"]["decode_step_ms"] + 3.0)
+    assert slow["xpu_alone"]["total_tok_s"] < r["xpu_alone"]["total_tok_s"]
 
 
 def test_tight_slo_recommends_the_xpu_alone(capsys):
@@ -53,6 +57,7 @@ def test_probe_measures_the_bundled_model_on_one_core(capsys):
         (["--layouts", "2by4", "--cpu-step-ms", "1,1"], "not WORKERSxTHREADS"),
         (["--slo-itl-ms", "-1", "--cpu-step-ms", "1,1"], "must be > 0"),
         (["--input-len", "0", "--cpu-step-ms", "1,1"], "input_len"),
+        (["--xpu-overhead-ms", "1,-2", "--cpu-step-ms", "1,1"], "expected BASE[,PER_ROW]"),
         (["--model", "/no/such/model.gguf"], "no such file"),
     ],
 )

@@ -7,6 +7,7 @@ import pytest
 from syshax.workers.accelerator_profiles import BUILTIN_PROFILES, ModelScale
 from syshax.workers.capacity_plan import (
     CpuLayout,
+    Prediction,
     StepCurve,
     Workload,
     XpuModel,
@@ -43,9 +44,9 @@ def test_streams_at_slo_keep_the_tail_within_it():
 
 def test_xpu_rate_matches_the_closed_form():
     scale = ModelScale(weights=0.02, kv=0.2)
-    xpu = XpuModel(A10, scale, slots=4, overhead_s=0.0005)
+    xpu = XpuModel(A10, scale, slots=4, overhead_s=0.0005, overhead_per_row_s=0.0001)
     ctx = int(4 * W.mean_context)
-    step = A10.step_seconds(0, 4, ctx, scale) + 0.0005
+    step = A10.step_seconds(0, 4, ctx, scale) + 0.0005 + 4 * 0.0001
     p = 0.02 * 128 / A10.prefill_tokens_per_s
     assert xpu.decode_step_s(W) == pytest.approx(step)
     assert xpu.prefill_s(W) == pytest.approx(p)
@@ -82,6 +83,12 @@ def test_best_prefers_more_tokens_then_fewer_workers():
     none = predict(xpu, W, CpuLayout(3, 1, curve, 4), 0.005)
     assert none.cpu_streams == 0
     assert best([none, alone]) is alone
+    # Within 2% (probe noise) the layout with fewer workers wins.
+    a = Prediction(CpuLayout(1, 2, curve, 4), 1000.0, 100.0, 4, 0.01, 0.01, False)
+    b = Prediction(CpuLayout(2, 1, curve, 4), 1000.0, 115.0, 8, 0.01, 0.01, False)
+    assert best([b, a]) is a
+    c = Prediction(CpuLayout(2, 1, curve, 4), 1000.0, 150.0, 8, 0.01, 0.01, False)
+    assert best([a, c]) is c
 
 
 def test_layouts_split_the_cores_evenly():
