@@ -51,7 +51,8 @@ LogLevel = Literal["debug", "info", "warning", "error", "critical"]
 KVStore = Literal["auto", "shm", "redis"]
 # The xPU worker's engine: our model, an emulated accelerator, or vLLM (issue 13).
 GpuEngine = Literal["native", "emulated", "vllm"]
-# vLLM's dtype choices (workers/vllm/args.py DTYPES); auto = the model folder's torch_dtype.
+# vLLM's dtype choices; auto = the model folder's torch_dtype. VllmConfig's rules also check
+# workers/vllm/args.py's VllmArgs (the one place they live).
 VllmDType = Literal["auto", "bfloat16", "float16", "float32"]
 # Where decodes run: auto = the dispatcher decides per request; xpu / cpu force a class.
 DecodeDevice = Literal["auto", "xpu", "cpu"]

