@@ -16,6 +16,8 @@ from syshax.shared.config import Config, ConfigError, load_config, save_config, 
 from syshax.cli import build_parser, main
 from syshax.commands import run, vllm_setup, worker
 
+from ..lightness import assert_loads_without
+
 
 @pytest.fixture(autouse=True)
 def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
@@ -210,10 +212,9 @@ def test_help_and_import_lightness(capsys):
             main([command, "--help"])
         text = " ".join(capsys.readouterr().out.split())
         assert "vllm = vLLM" in text and "docs/vllm.md" in text and "vllm/bin/syshax" in text
-    code = (
-        "import sys; from syshax.commands import vllm_setup, worker, run, check_config;"
-        "from syshax.shared.config import Config;"
-        "vllm_setup.vllm_problems(Config()); vllm_setup.describe(Config());"
-        "bad = [m for m in ('vllm', 'torch') if m in sys.modules]; assert not bad, bad"
+    assert_loads_without(
+        "from syshax.commands import vllm_setup, worker, run, check_config\n"
+        "from syshax.shared.config import Config\n"
+        "vllm_setup.vllm_problems(Config()); vllm_setup.describe(Config())",
+        ("vllm", "torch"),
     )
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -16,6 +16,8 @@ from syshax.workers.capacity_plan import (
     predict,
 )
 
+from ..lightness import assert_loads_without
+
 A10 = BUILTIN_PROFILES["a10"]
 W = Workload(input_len=128, output_len=128)
 
@@ -105,11 +107,4 @@ def test_bad_workload_is_refused():
 
 
 def test_the_model_and_the_plan_command_import_no_torch():
-    import subprocess
-    import sys
-
-    code = (
-        "import sys; import syshax.workers.capacity_plan, syshax.commands.plan; "
-        "assert 'torch' not in sys.modules, 'torch imported'"
-    )
-    subprocess.run([sys.executable, "-c", code], check=True)
+    assert_loads_without("import syshax.workers.capacity_plan, syshax.commands.plan", ("torch",))
