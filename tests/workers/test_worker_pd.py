@@ -14,16 +14,23 @@ from syshax.broker.keys import KEYS
 from syshax.broker.kv_store import KVStore
 
 
+def submit_and_check_echoes(farm, requests: int, tokens: int) -> set[str]:
+    """Submit `requests` 20-token prompts (request i: ids 10+i..29+i) for `tokens` tokens each;
+    check each got every token once, in order, echoing its prompt, the first from the prefill
+    worker; return the workers that produced the tokens after the first."""
+    rids = [farm.submit(list(range(10 + i, 30 + i)), tokens) for i in range(requests)]
+    for i, rid in enumerate(rids):
+        evs = farm.events(rid)
+        assert [e.seq for e in evs] == list(range(tokens))
+        assert [e.token_id for e in evs] == list(range(10 + i, 10 + i + tokens))
+        assert evs[0].worker == "xpu"  # the first token comes from the prefill worker
+        assert evs[-1].finish_reason == "length"
+    return {e.worker for rid in rids for e in farm.events(rid)[1:]}
+
+
 def test_pd_request_is_decoded_elsewhere_with_every_token_once(thread_farm):
     with thread_farm(gateway=False, workers="echo", cpu_slots=4) as farm:
-        rids = [farm.submit(list(range(10 + i, 30 + i)), 12) for i in range(6)]
-        for i, rid in enumerate(rids):
-            evs = farm.events(rid)
-            assert [e.seq for e in evs] == list(range(12))
-            assert [e.token_id for e in evs] == list(range(10 + i, 22 + i))
-            assert evs[0].worker == "xpu"  # the first token comes from the prefill worker
-            assert evs[-1].finish_reason == "length"
-        devices = {e.worker for rid in rids for e in farm.events(rid)[1:]}
+        devices = submit_and_check_echoes(farm, requests=6, tokens=12)
         assert "cpu0" in devices, "some decodes must have been offloaded to the CPU worker"
     assert KVStore(farm.r).stats() == (0, 0), "every KV lease was freed"
     assert farm.r.xlen(KEYS.prefill_stream) == 0 and farm.r.xlen(KEYS.decode_stream("cpu")) == 0
@@ -42,12 +49,7 @@ def test_a_failed_kv_export_is_recomputed_by_the_decoder(thread_farm, monkeypatc
 
     monkeypatch.setattr(EchoEngine, "export_kv", failing_export)
     with thread_farm(gateway=False, workers="echo", cpu_slots=4) as farm:
-        rids = [farm.submit(list(range(10 + i, 30 + i)), 8) for i in range(4)]
-        for i, rid in enumerate(rids):
-            evs = farm.events(rid)
-            assert [e.seq for e in evs] == list(range(8))
-            assert [e.token_id for e in evs] == list(range(10 + i, 18 + i))
-        devices = {e.worker for rid in rids for e in farm.events(rid)[1:]}
+        devices = submit_and_check_echoes(farm, requests=4, tokens=8)
         assert "cpu0" in devices
     assert KVStore(farm.r).stats() == (0, 0)
 
