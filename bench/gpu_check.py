@@ -194,11 +194,15 @@ def decode_rate_ours(eng, batch: int, prompt_len: int, new: int, rng: random.Ran
 def decode_rate_hf(model, device: str, batch: int, prompt_len: int, new: int) -> float:
     x = torch.randint(100, 40000, (batch, prompt_len), device=device)
 
+    def sync() -> None:
+        if device == "cuda":
+            torch.cuda.synchronize()
+
     def gen(n: int) -> float:
-        torch.cuda.synchronize() if device == "cuda" else None
+        sync()
         t = time.perf_counter()
         model.generate(x, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
-        torch.cuda.synchronize() if device == "cuda" else None
+        sync()
         return time.perf_counter() - t
 
     gen(2)  # warm-up

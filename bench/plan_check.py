@@ -22,7 +22,9 @@ from pathlib import Path
 
 def plan_json(run: dict, extra: list[str]) -> dict:
     c = run["config"]
-    threads = c["cpu_threads"] or max(1, len(__import__("os").sched_getaffinity(0)) // 2)
+    from syshax.shared.config import resolve_threads
+
+    threads = resolve_threads(c["cpu_threads"])  # what the run's CPU workers got
     cmd = [sys.executable, "-m", "syshax.cli", "plan", "--json", "--profile", c["profile"], "--xpu-slots", str(c["xpu_slots"]), "--slo-itl-ms", str(c["slo_itl_ms"]), "--layouts", f"{c['cpu_workers'] or 1}x{threads}", "--cpu-max-batch", str(c["cpu_slots"]), "--input-len", str(c["input_len"]), "--output-len", str(c["output_len"])]  # fmt: skip
     if c.get("load"):
         cmd += ["--model", c["load"]]

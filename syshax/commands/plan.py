@@ -64,25 +64,28 @@ def _layouts(args, cfg, cores: int) -> list[tuple[int, int]]:
     return layouts_for(cores)
 
 
-def _ms_pair(text: str, flag: str) -> tuple[float, float]:
+def _ms_numbers(text: str, flag: str, form: str, counts: tuple[int, ...]) -> list[float]:
+    """Comma-separated milliseconds >= 0, as many as `counts` allows; ValueError naming `flag`."""
     try:
         parts = [float(x) for x in text.split(",")]
     except ValueError:
         parts = []
-    if len(parts) not in (1, 2) or min(parts) < 0:
-        raise ValueError(f"{flag} {text!r}: expected BASE[,PER_ROW] in ms, >= 0")
+    if len(parts) not in counts or min(parts) < 0:
+        raise ValueError(f"{flag} {text!r}: expected {form} in ms, >= 0")
+    return parts
+
+
+def _ms_pair(text: str, flag: str) -> tuple[float, float]:
+    parts = _ms_numbers(text, flag, "BASE[,PER_ROW]", (1, 2))
     return parts[0], parts[1] if len(parts) == 2 else 0.0
 
 
 def _given_curve(text: str):
     from syshax.workers.capacity_plan import StepCurve
 
-    try:
-        parts = [float(x) for x in text.split(",")]
-    except ValueError:
-        parts = []
-    if len(parts) not in (2, 3) or parts[0] < 0 or parts[1] < 0 or parts[0] + parts[1] <= 0:
-        raise ValueError(f"--cpu-step-ms {text!r}: expected BASE,PER_ROW[,TAIL] in ms, >= 0")
+    parts = _ms_numbers(text, "--cpu-step-ms", "BASE,PER_ROW[,TAIL]", (2, 3))
+    if parts[0] + parts[1] <= 0:
+        raise ValueError(f"--cpu-step-ms {text!r}: a step must take some time")
     return StepCurve(parts[0] / 1e3, parts[1] / 1e3, parts[2] if len(parts) == 3 else 1.0)
 
 
