@@ -69,6 +69,7 @@ def _linear(parts: list[tuple[int, torch.Tensor]], cols: int, bias, nrc: int) ->
             # Each part in its own thread split (for gate and up that is the paired split the
             # fused step computes them in: first touch puts rows where they are read).
             lib.pack(data, qtype, r, cols, threads, out=dest)
+    lib.advise_huge_pages(buf)  # now that it is filled: khugepaged collapses it later
     if len(set(types)) == 1 and all(r % 8 == 0 for r in rows[:-1]):
         weights = buf.view(torch.float32) if types[0] == lib.F32 else buf
         return QuantLinear(types[0], weights, cols, sum(rows), bias, nrc)

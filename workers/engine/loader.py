@@ -18,6 +18,7 @@ Tensors are taken one at a time from the file's memory map and released once cop
 
 from __future__ import annotations
 
+import gc
 import re
 import sys
 from collections.abc import Callable, Iterable, Iterator
@@ -115,6 +116,25 @@ def load_model(
 ) -> LoadedModel:
     """`kv_bytes(config)`: the KV cache the caller will allocate; with it, the load fails with
     a clear ModelLoadError before any tensor is read when weights + KV cache cannot fit."""
+    with _gc_paused():
+        return _load_model(model, dtype, device, max_model_len, progress, weights, nrc, kv_bytes)
+
+
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Python's cyclic GC off while a model loads: the load makes thousands of modules, tensor
+    views and dicts, none of them garbage, and each generation-2 pass walks torch's whole object
+    graph (7% of a 1B GGUF load's samples under perf)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _load_model(model, dtype, device, max_model_len, progress, weights, nrc, kv_bytes) -> LoadedModel:  # fmt: skip
     path = resolve_model_path(model)
     device = torch.device(device)
     if weights is not None and weights not in WEIGHT_PLANS:

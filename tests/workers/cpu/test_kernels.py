@@ -4,6 +4,8 @@ same quantized values, and against the float product within each format's stated
 
 from __future__ import annotations
 
+import sys
+
 import gguf
 import numpy as np
 import pytest
@@ -162,9 +164,24 @@ def test_rmsnorm_and_softmax_match_torch():
         torch.testing.assert_close(s, ref, rtol=2e-6, atol=1e-7)
 
 
+def _vm_flags(addr: int) -> list[str]:
+    """The VmFlags of the mapping that holds `addr` (Linux /proc/self/smaps)."""
+    flags, inside = [], False
+    with open("/proc/self/smaps") as fh:
+        for line in fh:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(v, 16) for v in head.split("-"))
+                inside = lo <= addr < hi
+            elif inside and head == "VmFlags:":
+                flags = line.split()[1:]
+    return flags
+
+
 def test_packed_weights_sit_in_huge_page_aligned_buffers_and_pack_the_same():
-    """Large packed matrices go into 2 MiB aligned buffers advised for transparent huge pages
-    (fewer TLB misses when a decode step streams them); the packed bytes do not change."""
+    """Large packed matrices go into 2 MiB aligned buffers, first touched on small pages (fast
+    on a VM) and advised for transparent huge pages once filled (khugepaged collapses them
+    later: fewer TLB misses when a decode step streams them); the packed bytes do not change."""
     rows, cols = 8192, 512  # 2.25 MiB of Q4_0 blocks packed: over one huge page
     blocks = torch.randint(0, 256, (rows, lib.row_bytes(lib.Q4_0, cols)), dtype=torch.uint8)
     size = lib.packed_bytes(lib.Q4_0, rows, cols)
@@ -174,6 +191,11 @@ def test_packed_weights_sit_in_huge_page_aligned_buffers_and_pack_the_same():
     assert buf.data_ptr() % lib.HUGE_PAGE == 0
     plain = lib.pack(blocks, lib.Q4_0, rows, cols, 2, out=torch.empty(size, dtype=torch.uint8))
     assert torch.equal(lib.pack(blocks, lib.Q4_0, rows, cols, 2, out=buf), plain)
+    if sys.platform == "linux":
+        assert lib.advise_huge_pages(buf)
+        assert "hg" in _vm_flags(buf.data_ptr())
+    assert torch.equal(buf, plain)
     assert torch.equal(lib.pack(blocks, lib.Q4_0, rows, cols, 2), plain)  # default buffer
     small = lib.weight_buffer(100)
     assert small.numel() == 100
+    assert not lib.advise_huge_pages(small)  # no whole huge page in it
