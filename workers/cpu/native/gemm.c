@@ -45,7 +45,7 @@ AI void tile_q(int type, int C, const uint8_t *w, int nb, const sx_act *act, siz
     for (int b = 0; b < nb; b++, w += tb) {
         if (C == 1) /* one activation row streams the weights from DRAM: software prefetch SX_PF
                      * bytes ahead, as the Q6_K tile does (no effect on results) */
-            for (size_t o = 0; o < tb; o += 64) _mm_prefetch((const char *)w + SX_PF + o, _MM_HINT_T0);
+            for (size_t o = 0; o < tb; o += 64) _mm_prefetch((const char *)w + SX_PF + o, SX_PF_HINT);
         const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)w));
         __m256 mw = _mm256_setzero_ps();
         if (type == SX_Q4_1) mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + 16)));

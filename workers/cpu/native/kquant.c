@@ -19,7 +19,7 @@ SX_AI void tile_k(int type, int C, const uint8_t *w, int nb, const sx_act *act, 
     memset(out, 0, sizeof(float) * 8 * C); /* the sums between super-blocks: registers are for the loop */
     for (int sb = 0; sb < nb / 8; sb++, w += tb) {
         if (C == 1) /* one activation row streams the weights: prefetch SX_PF ahead (as tile_k6) */
-            for (size_t o = 0; o < tb; o += 64) _mm_prefetch((const char *)w + SX_PF + o, _MM_HINT_T0);
+            for (size_t o = 0; o < tb; o += 64) _mm_prefetch((const char *)w + SX_PF + o, SX_PF_HINT);
         __m256 sd[SX_MAXC];
 #pragma GCC unroll 4
         for (int c = 0; c < C; c++) sd[c] = _mm256_setzero_ps();
@@ -106,7 +106,7 @@ SX_AI void tile_k6(int C, const uint8_t *w, int nb, const sx_act *act, size_t a0
             if (C == 1) { /* one activation row streams the weights from DRAM: software prefetch
                            * SX_PF bytes ahead (no effect on results) */
 #pragma GCC unroll 4
-                for (int j = 0; j < 4; j++) _mm_prefetch((const char *)w + SX_PF + 256 * b + 64 * j, _MM_HINT_T0);
+                for (int j = 0; j < 4; j++) _mm_prefetch((const char *)w + SX_PF + 256 * b + 64 * j, SX_PF_HINT);
             }
             const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + 16 + 16 * b)));
 #ifdef SX_VNNI
