@@ -43,9 +43,9 @@ AI void tile_q(int type, int C, const uint8_t *w, int nb, const sx_act *act, siz
     __m256 acc[MAXC];
     for (int c = 0; c < C; c++) acc[c] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++, w += tb) {
-        if (C == 1) /* one activation row streams the weights from DRAM: software prefetch SX_PF
-                     * bytes ahead, as the Q6_K tile does (no effect on results) */
-            for (size_t o = 0; o < tb; o += 64) _mm_prefetch((const char *)w + SX_PF + o, SX_PF_HINT);
+        /* the first pass over a tile streams it from DRAM: prefetch SX_PF bytes ahead into L2
+         * (gemm.h; no effect on results) */
+        for (size_t o = 0; o < tb; o += 64) _mm_prefetch((const char *)w + SX_PF + o, SX_PF_HINT);
         const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)w));
         __m256 mw = _mm256_setzero_ps();
         if (type == SX_Q4_1) mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + 16)));

@@ -5,12 +5,14 @@
 #include "sx.h"
 
 #define SX_PART 8 /* rows per unit of the thread partition: one packed tile */
-/* One-activation-row tiles stream their weights from DRAM and prefetch them SX_PF bytes ahead
- * into L2 (prefetcht1), not L1: an L1 prefetch holds one of the core's ~24 L1 miss buffers
- * until its line arrives, and at DRAM latency that caps one core near 17 GB/s, while L2 keeps
- * far more misses in flight. Measured on a 2-core Zen 4 VM (bench harness, 2 threads, weights
- * well over L3, alternating builds): Q6_K 23-24 -> 33-40 GB/s, Q4_K 32-38 -> 36-48, Q4_0
- * 36-44 -> 36-53 against L1 prefetches 4 KiB ahead; T1 and T2 (both L2 here) measured alike. */
+/* The tiles stream their weights from DRAM (the first pass over a tile; later activation-row
+ * groups find it in cache) and prefetch them SX_PF bytes ahead into L2 (prefetcht1), not L1: an
+ * L1 prefetch holds one of the core's ~24 L1 miss buffers until its line arrives, and at DRAM
+ * latency that caps one core near 17 GB/s, while L2 keeps far more misses in flight. Measured
+ * on a 2-core Zen 4 VM (tile harness, 2 threads, weights well over L3, alternating builds):
+ * one activation row, vs L1 prefetches 4 KiB ahead: Q6_K 23-24 -> 33-40 GB/s, Q4_K 32-38 ->
+ * 36-48, Q4_0 36-44 -> 36-53 (T1 and T2, both L2 here, alike); 4 and 16 rows, vs no prefetch:
+ * Q4_0 60-63 -> 102-104 and 89-91 -> 116-119 GMAC/s per core. */
 #ifndef SX_PF
 #define SX_PF 8192
 #endif

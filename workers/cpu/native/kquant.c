@@ -18,8 +18,8 @@ SX_AI void tile_k(int type, int C, const uint8_t *w, int nb, const sx_act *act, 
     const __m256i m4 = _mm256_set1_epi8(0x0F), b4 = _mm256_set1_epi8(0x10);
     memset(out, 0, sizeof(float) * 8 * C); /* the sums between super-blocks: registers are for the loop */
     for (int sb = 0; sb < nb / 8; sb++, w += tb) {
-        if (C == 1) /* one activation row streams the weights: prefetch SX_PF ahead (as tile_k6) */
-            for (size_t o = 0; o < tb; o += 64) _mm_prefetch((const char *)w + SX_PF + o, SX_PF_HINT);
+        for (size_t o = 0; o < tb; o += 64) /* stream from DRAM: prefetch SX_PF ahead (gemm.h) */
+            _mm_prefetch((const char *)w + SX_PF + o, SX_PF_HINT);
         __m256 sd[SX_MAXC];
 #pragma GCC unroll 4
         for (int c = 0; c < C; c++) sd[c] = _mm256_setzero_ps();
@@ -103,11 +103,9 @@ SX_AI void tile_k6(int C, const uint8_t *w, int nb, const sx_act *act, size_t a0
 #pragma GCC unroll 8
         for (int b = 0; b < 8; b++) { /* unrolled: the shift counts become immediates */
             const int h = b / 4, t = b % 4, g = 2 * h + t % 2;
-            if (C == 1) { /* one activation row streams the weights from DRAM: software prefetch
-                           * SX_PF bytes ahead (no effect on results) */
+            /* the weights stream from DRAM: prefetch SX_PF bytes ahead into L2 (gemm.h) */
 #pragma GCC unroll 4
-                for (int j = 0; j < 4; j++) _mm_prefetch((const char *)w + SX_PF + 256 * b + 64 * j, SX_PF_HINT);
-            }
+            for (int j = 0; j < 4; j++) _mm_prefetch((const char *)w + SX_PF + 256 * b + 64 * j, SX_PF_HINT);
             const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + 16 + 16 * b)));
 #ifdef SX_VNNI
             const __m256i sl = _mm256_srai_epi32(_mm256_slli_epi32(sc16, 16), 16), sh = _mm256_srai_epi32(sc16, 16);
