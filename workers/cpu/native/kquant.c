@@ -45,10 +45,13 @@ SX_AI void tile_k(int type, int C, const uint8_t *w, int nb, const sx_act *act, 
                 const sx_act_block *x = a + i;
                 __m256i I;
 #ifdef SX_VNNI
-                __m256i s0 = _mm256_setzero_si256();
+                __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
 #pragma GCC unroll 8
-                for (int k = 0; k < 8; k++) s0 = dot_us(s0, q[k], bcast4(x->qs + 4 * k));
-                I = _mm256_mullo_epi32(s0, sc);
+                for (int k = 0; k < 8; k += 2) { /* two chains: VPDPBUSD's latency */
+                    s0 = dot_us(s0, q[k], bcast4(x->qs + 4 * k));
+                    s1 = dot_us(s1, q[k + 1], bcast4(x->qs + 4 * k + 4));
+                }
+                I = _mm256_mullo_epi32(_mm256_add_epi32(s0, s1), sc);
 #else
                 /* int16 lanes: Q4_K 16 products of at most 15 x 127 (30480); Q5_K's 31 x 127
                  * allows 8, so it goes to int32 every 4 chunks. */
