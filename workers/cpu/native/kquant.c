@@ -70,17 +70,21 @@ SX_AI void tile_k(int type, int C, const uint8_t *w, int nb, const sx_act *act, 
                 sd[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), _mm256_broadcast_ss(ad + i), sd[c]);
             }
         }
+        /* the mins, each converted once for all C rows (s outer, the same per-row order) */
+        __m256 sm[SX_MAXC];
+#pragma GCC unroll 4
+        for (int c = 0; c < C; c++) sm[c] = _mm256_setzero_ps();
+        for (int s = 0; s < 8; s++) {
+            const __m256 mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(w + 96 + 8 * s))));
+#pragma GCC unroll 4
+            for (int c = 0; c < C; c++) sm[c] = _mm256_fmadd_ps(mn, _mm256_broadcast_ss(xs + (size_t)c * nb + 8 * sb + s), sm[c]);
+        }
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)w));
+        const __m256 ndmin = _mm256_sub_ps(_mm256_setzero_ps(), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + 16))));
 #pragma GCC unroll 4
         for (int c = 0; c < C; c++) {
-            __m256 sm = _mm256_setzero_ps();
-            for (int s = 0; s < 8; s++) {
-                const __m256 mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(w + 96 + 8 * s))));
-                sm = _mm256_fmadd_ps(mn, _mm256_broadcast_ss(xs + (size_t)c * nb + 8 * sb + s), sm);
-            }
-            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)w));
-            const __m256 ndmin = _mm256_sub_ps(_mm256_setzero_ps(), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + 16))));
             __m256 acc = _mm256_fmadd_ps(d, sd[c], _mm256_loadu_ps(out + 8 * c));
-            _mm256_storeu_ps(out + 8 * c, _mm256_fmadd_ps(ndmin, sm, acc));
+            _mm256_storeu_ps(out + 8 * c, _mm256_fmadd_ps(ndmin, sm[c], acc));
         }
     }
     }
