@@ -5,10 +5,13 @@
 Runs `syshax plan --json` with the run's settings (profile, model, xPU slots, SLO, CPU layout
 and slots, workload; its CPU probe on this machine) unless --plan gives that output, then
 compares three figures with the run: the xPU alone (best `xpu` steady tok/s), the CPU's
-capacity at the SLO (its standalone run), and `auto` at the top level. Twice: as predicted
-(the xPU worker's own per-step cost unknown: 0), and with that cost as the run measured it
-below saturation (xPU streams' ITL p50 minus the profile's step at that level: the xPU-alone
-figure then reuses the run's own timing, the other two do not).
+capacity at the SLO (its standalone run), and `auto` at the top level. Three times: as
+predicted (the xPU worker's own per-step cost unknown: 0; the CPU step from the probe); with
+the xPU's cost as the run measured it below saturation (xPU streams' ITL p50 minus the
+profile's step at that level: the xPU-alone figure then reuses the run's own timing); and with
+the CPU's step taken from the run too (its standalone levels' ITL p50, fitted, and their worst
+p99 / p50 as the tail). The last one feeds the plan's arithmetic the run's own inputs, so what
+error is left in `auto` is the model's, not the probe's.
 """
 
 from __future__ import annotations
@@ -54,6 +57,21 @@ def measured_overhead(run: dict) -> tuple[float, float]:
     return fit.base_s, fit.per_row_s
 
 
+def measured_cpu_step(run: dict) -> str:
+    """`--cpu-step-ms BASE,PER_ROW,TAIL` from the run's standalone CPU levels: their streams'
+    ITL p50 fitted over the level, and the worst ITL p99 / p50 as the tail."""
+    from syshax.workers.capacity_plan import StepCurve
+
+    points, tails = [], []
+    for level, s in run["results"]["cpu"].items():
+        d = s["devices"]["cpu"]
+        if d["median_itl_ms"] > 0:
+            points.append((int(level), d["median_itl_ms"]))
+            tails.append(d["p99_itl_ms"] / d["median_itl_ms"])
+    fit = StepCurve.fit(points, tail=max(tails))
+    return f"{fit.base_s:.3f},{fit.per_row_s:.3f},{fit.tail:.2f}"
+
+
 def measured(run: dict) -> dict[str, float]:
     r = run["results"]
     top = str(max(int(c) for c in r["auto"]))
@@ -81,6 +99,10 @@ def main(argv: list[str] | None = None) -> int:
         base, per_row = measured_overhead(run)
         name = f"with the run's xPU overhead ({base:.2f} + {per_row:.3f} x streams ms)"
         variants[name] = plan_json(run, ["--xpu-overhead-ms", f"{base},{per_row}"])
+        if run["results"].get("cpu"):
+            step = measured_cpu_step(run)
+            name = f"and the run's CPU step ({step.replace(',', ' / ')} ms, tail)"
+            variants[name] = plan_json(run, ["--xpu-overhead-ms", f"{base},{per_row}", "--cpu-step-ms", step])  # fmt: skip
     print(f"run: {args.run} ({run['date']}; {run['command']})")
     print("\n| figure | measured tok/s | " + " | ".join(variants) + " |")
     print("|---|---:|" + "---:|" * len(variants))
