@@ -288,6 +288,11 @@ class Config(_Section):
         ge=1,
         description="token rows one engine step computes at most: decodes of running sequences plus prompt chunks (longer prompts are split over steps, so running streams keep their pace); raised to the batch size if lower",
     )
+    prompt_rows_while_decoding: int | None = Field(
+        None,
+        ge=1,
+        description="most prompt rows an engine step takes while it also decodes running streams (a step is every running stream's inter-token gap: smaller keeps ITL down while prompts arrive, at some TTFT); null = the rest of max_num_batched_tokens",
+    )
     request_timeout: int = Field(
         600, ge=1, description="seconds a request may take, end to end, before it is cancelled"
     )

@@ -214,6 +214,7 @@ def _build_engine(args, cfg, device: str, slots: int, kernels=None, profile=None
         max_num_batched_tokens=max(cfg.max_num_batched_tokens, slots),
         kv_cache_bytes=cfg.kv.cache_mib * 2**20 if cfg.kv.cache_mib else None,
         prefix_caching=cfg.kv.prefix_caching,
+        prompt_rows_while_decoding=cfg.prompt_rows_while_decoding,
         **(kernels.engine_kwargs() if kernels is not None else {}),
     )
 

@@ -89,6 +89,7 @@ class Engine(SchedulerRequests, PortableKV):
         kv_cache_bytes: int | None = None,
         block_size: int = DEFAULT_BLOCK_SIZE,
         prefix_caching: bool = True,
+        prompt_rows_while_decoding: int | None = None,
     ):
         """`quantize` and `op_mode` select the native CPU kernels (workers/cpu); None = plain
         PyTorch. `quantize`: "stored" runs a GGUF's own blocks as they are (Q4_0, Q4_1, Q8_0,
@@ -99,7 +100,9 @@ class Engine(SchedulerRequests, PortableKV):
         `max_num_batched_tokens`: the token rows one step computes at most (decodes plus
         prompt chunks; default 256, at least max_num_seqs). The KV cache is paged in blocks
         of `block_size` positions; `kv_cache_bytes` sizes it (default: see
-        memory.plan_kv_blocks); `prefix_caching` shares computed prompt blocks."""
+        memory.plan_kv_blocks); `prefix_caching` shares computed prompt blocks.
+        `prompt_rows_while_decoding`: the most prompt rows a step that also decodes takes
+        (None: the rest of the budget; see the scheduler)."""
         self.device = resolve_device(device)
         if (quantize or op_mode) and self.device.type != "cpu":
             raise EngineError(
@@ -229,6 +232,7 @@ class Engine(SchedulerRequests, PortableKV):
             vocab_size=self.config.vocab_size,
             stop_token_ids=self.eos_token_ids,
             tokenizer=self.tokenizer,
+            prompt_rows_while_decoding=prompt_rows_while_decoding,
         )
         self.stats = EngineStats()
 

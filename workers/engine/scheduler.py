@@ -13,6 +13,10 @@ A decode is the case of one row. Each step (vLLM's max_num_batched_tokens):
    (prefix caching), then needs free blocks for the rest of its prompt.
 
 A prompt longer than what is left of the budget is computed in chunks over several steps.
+With `prompt_rows_while_decoding` set, a step that carries decodes takes at most that many
+prompt rows in all: a step's time is every running stream's inter-token gap, and a 256-row
+prompt chunk on a CPU makes that gap ~1 s (SARATHI's point: bounded chunks keep decodes at
+pace). A step without decodes still fills the whole budget.
 When a decode finds no free block, the most recently admitted sequence is preempted: its
 blocks are freed and it goes back to the head of the queue with the tokens it generated,
 to be recomputed (vLLM's recompute preemption). Nothing it streamed is lost or repeated.
@@ -85,9 +89,16 @@ class Scheduler:
         vocab_size: int | None = None,
         stop_token_ids: frozenset[int] = frozenset(),
         tokenizer=None,
+        prompt_rows_while_decoding: int | None = None,
     ):
         """`num_blocks`: KV blocks of `block_size` positions (default: room for every
-        sequence at max_model_len)."""
+        sequence at max_model_len). `prompt_rows_while_decoding`: the most prompt rows a step
+        with decodes in it takes (None: the rest of the budget)."""
+        if prompt_rows_while_decoding is not None and prompt_rows_while_decoding < 1:
+            raise ValueError(
+                f"prompt_rows_while_decoding must be >= 1, got {prompt_rows_while_decoding}"
+            )
+        self.prompt_rows_while_decoding = prompt_rows_while_decoding
         if max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
         if max_num_batched_tokens < max_num_seqs:
@@ -199,6 +210,8 @@ class Scheduler:
                 continue  # it preempted itself
             step.chunks.append(Chunk(seq, seq.num_cached, 1))
             budget -= 1
+        if step.chunks and self.prompt_rows_while_decoding is not None:
+            budget = min(budget, self.prompt_rows_while_decoding)
         for seq in [s for s in self.running if s.length - s.num_cached > 1]:
             if budget <= 0:
                 return step

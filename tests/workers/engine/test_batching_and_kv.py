@@ -82,6 +82,28 @@ def test_chunked_prompts_and_mixed_steps_equal_each_alone(tiny_models):
     assert eng.stats.prompt_tokens == sum(map(len, PROMPTS))
 
 
+def test_prompt_rows_while_decoding_keeps_every_sequences_tokens(tiny_models):
+    """Prompt chunks capped at 2 rows while r0 decodes: the 18 prompt rows that arrive take 9
+    steps instead of 1, and every sequence still gets the tokens of its undisturbed run."""
+    folder, _ = tiny_models["llama"]
+    expected = {f"r{i}": _alone(folder, p, _greedy(9)) for i, p in enumerate(PROMPTS)}
+    steps = {}
+    for cap in (None, 2):
+        eng = _engine(folder, prompt_rows_while_decoding=cap)
+        eng.add_request("r0", PROMPTS[0], _greedy(9))
+        out = {"r0": [o.token_id for o in eng.step()]}
+        for i, p in enumerate(PROMPTS[1:], start=1):
+            eng.add_request(f"r{i}", p, _greedy(9))
+        steps[cap] = 0
+        while eng.has_unfinished():
+            steps[cap] += 1
+            for o in eng.step():
+                out.setdefault(o.request_id, []).append(o.token_id)
+        assert out == expected, cap
+    assert steps[None] == 9  # the three prompts in one step, with r0's second token
+    assert steps[2] == steps[None] + 8
+
+
 def test_seeded_sampling_is_reproducible_and_batch_independent(tiny_models):
     folder, _ = tiny_models["llama"]
     params = dict(max_tokens=25, temperature=1.0, top_p=0.9, top_k=50, ignore_eos=True)

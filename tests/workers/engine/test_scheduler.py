@@ -99,6 +99,27 @@ def test_decodes_ride_with_prompt_chunks_within_the_budget():
     assert [o.request_id for o in _run(s, step)] == ["a", "b", "c"]
 
 
+def test_prompt_rows_while_decoding_caps_prompt_chunks_only_in_steps_with_decodes():
+    s = _sched(budget=16, prompt_rows_while_decoding=4, prefix_caching=False)
+    _add(s, "a", 10)
+    step = s.schedule()
+    assert _shape(step) == [("a", 0, 10)]  # no decodes yet: the whole budget
+    _run(s, step)
+    _add(s, "b", 9)
+    _add(s, "c", 3)
+    step = s.schedule()
+    # a decodes, so prompts get 4 rows in all: b's first chunk, c waits
+    assert _shape(step) == [("a", 10, 1), ("b", 0, 4)]
+    _run(s, step)
+    step = s.schedule()
+    assert _shape(step) == [("a", 11, 1), ("b", 4, 4)]
+    _run(s, step)
+    step = s.schedule()
+    assert _shape(step) == [("a", 12, 1), ("b", 8, 1), ("c", 0, 3)]  # the cap spans prompts
+    with pytest.raises(ValueError, match="prompt_rows_while_decoding"):
+        _sched(prompt_rows_while_decoding=0)
+
+
 def test_slots_bound_admission_and_finishing_frees_them():
     s = _sched(seqs=2, budget=8)
     for rid in "abc":
