@@ -219,6 +219,12 @@ def farm_settings(args: argparse.Namespace) -> dict[str, Any]:
     settings = dict(getattr(args, "farm_settings", None) or {})
     if args.load:
         settings["model"] = str(args.load.expanduser())
+    for key, value in getattr(args, "set", None) or []:
+        *sections, leaf = key.split(".")
+        node = settings
+        for name in sections:
+            node = node.setdefault(name, {})
+        node[leaf] = value
     return settings
 
 
@@ -533,6 +539,15 @@ def _levels(text: str) -> list[int]:
     return levels
 
 
+def _setting(item: str) -> tuple[str, Any]:
+    import yaml
+
+    key, eq, value = item.partition("=")
+    if not eq or not key:
+        raise argparse.ArgumentTypeError(f"want KEY=VALUE such as prompt_rows_while_decoding=64, got {item!r}")  # fmt: skip
+    return key, yaml.safe_load(value)
+
+
 def _slo(item: str) -> tuple[str, float]:
     key, _, ms = item.partition(":")
     if key not in ("ttft", "tpot", "e2el") or not ms.replace(".", "", 1).isdigit():
@@ -556,6 +571,7 @@ OPTIONS: list[tuple[str, dict[str, Any]]] = [
     ("--json", {"type": Path, "help": "also save config, date, machine, summaries and per-request data to this JSON file"}),
     ("--launch", {"choices": ("none", "echo", "model"), "default": "none", "help": "start a farm for the run (embedded Redis, gateway, workers) with this engine and stop it after; none = use --base-url (default %(default)s)"}),
     ("--load", {"type": Path, "help": "model a launched farm and the direct engine load (a config with only `model` set; default: the config's), and the GGUF llama-server loads unless --gguf"}),
+    ("--set", {"type": _setting, "action": "append", "metavar": "KEY=VALUE", "help": "a config key of a launched farm (dotted for sections: kv.prefix_caching=false), repeatable; the value is read as YAML"}),
     ("--cpu-workers", {"type": int, "help": "CPU decode workers of a launched farm (default: what `syshax run` starts: none without an accelerator)"}),
     ("--max-batch-size", {"type": int, "help": "sequences at once, passed to launched workers and the direct engine (default: the config's)"}),
     ("--threads", {"type": int, "help": "threads per launched worker and for the direct engine (default: what `syshax run` gives; the direct engine: every core)"}),
