@@ -291,7 +291,7 @@ class Config(_Section):
     prompt_rows_while_decoding: int | None = Field(
         None,
         ge=1,
-        description="most prompt rows an engine step takes while it also decodes running streams (a step is every running stream's inter-token gap: smaller keeps ITL down while prompts arrive, at some TTFT); null = the rest of max_num_batched_tokens",
+        description="most prompt rows an engine step takes while it also decodes running streams (a step is every running stream's inter-token gap: smaller keeps ITL down while prompts arrive, at some TTFT and tok/s); null = 64 on a CPU engine, the rest of max_num_batched_tokens on an accelerator",
     )
     request_timeout: int = Field(
         600, ge=1, description="seconds a request may take, end to end, before it is cancelled"

@@ -90,6 +90,16 @@ def test_build_engine_makes_an_emulated_engine_with_the_workers_settings():
     assert engine.tokenizer is not None  # real text for the echoed tokens
 
 
+def test_prompt_rows_while_decoding_defaults_to_a_cap_on_the_cpu_only():
+    from syshax.workers.engine.scheduler import DEFAULT_CPU_PROMPT_ROWS_WHILE_DECODING as CAP
+
+    assert worker._prompt_rows_while_decoding(Config(), "cpu") == CAP
+    assert worker._prompt_rows_while_decoding(Config(), "cuda") is None
+    cfg = _cfg(prompt_rows_while_decoding="16")
+    assert worker._prompt_rows_while_decoding(cfg, "cpu") == 16
+    assert worker._prompt_rows_while_decoding(cfg, "cuda") == 16
+
+
 def test_a_bad_profile_or_class_exits_2_before_anything_starts(tmp_path: Path, caplog):
     path = tmp_path / "config.yaml"
     save_config(_cfg(gpu__engine="emulated", gpu__profile="no-such-gpu"), path)
