@@ -174,10 +174,10 @@ def _prompt_rows_while_decoding(cfg, device: str) -> int | None:
     """The config's value; null = a cap on a CPU engine (whose prompt rows cost a running
     stream ~5 ms each at 1B on 2 cores), none on an accelerator (where they cost microseconds
     and a smaller chunk only slows the prefill)."""
+    from syshax.shared.config_schema import DEFAULT_CPU_PROMPT_ROWS_WHILE_DECODING
+
     if cfg.prompt_rows_while_decoding is not None:
         return cfg.prompt_rows_while_decoding
-    from syshax.workers.engine.scheduler import DEFAULT_CPU_PROMPT_ROWS_WHILE_DECODING
-
     return DEFAULT_CPU_PROMPT_ROWS_WHILE_DECODING if device == "cpu" else None
 
 

@@ -91,7 +91,7 @@ def test_build_engine_makes_an_emulated_engine_with_the_workers_settings():
 
 
 def test_prompt_rows_while_decoding_defaults_to_a_cap_on_the_cpu_only():
-    from syshax.workers.engine.scheduler import DEFAULT_CPU_PROMPT_ROWS_WHILE_DECODING as CAP
+    from syshax.shared.config_schema import DEFAULT_CPU_PROMPT_ROWS_WHILE_DECODING as CAP
 
     assert worker._prompt_rows_while_decoding(Config(), "cpu") == CAP
     assert worker._prompt_rows_while_decoding(Config(), "cuda") is None

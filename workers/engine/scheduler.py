@@ -36,11 +36,6 @@ from .outputs import StepOutput
 from .sequence import Sequence, make_detokenizer, record_token
 
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 256
-# The farm's prompt_rows_while_decoding on a CPU engine when the config leaves it null. 1B
-# Q4_0 shape, 2 cores, 16 prompts of 128 tokens (docs/benchmarks.md, 2026-12-05): against no
-# cap, ITL p99 613 -> 347 ms at 4 streams and 1237 -> 389 ms at 16, the same tok/s; 16 rows
-# took ITL p99 to 113 / 149 ms at 6-9% of the tok/s.
-DEFAULT_CPU_PROMPT_ROWS_WHILE_DECODING = 64
 DEFAULT_BLOCK_SIZE = 16
 
 
