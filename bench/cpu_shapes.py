@@ -13,7 +13,10 @@ each engine runs in a child process of its own, so its load time and peak RSS ar
 Each child starts with the file in the page cache (read once before it starts). Reported per
 engine: load seconds, peak RSS (VmHWM) and RSS after the runs, prefill tok/s,
 decode tok/s at each batch, our ratio to llama.cpp, and batch 1 against the bandwidth limit
-(measured GB/s / bytes read per token: every matrix as stored + one embedding row).
+(measured GB/s / bytes read per token: every matrix as stored + one embedding row). The
+bandwidth is sampled right before and right after each engine's child and the higher sample
+taken for that row: on a shared VM it can double or halve within seconds (31 and 56 GB/s
+seconds apart on a Zen 4 VM), so one figure per run made the percentages meaningless.
 """
 
 from __future__ import annotations
@@ -96,7 +99,7 @@ def run(args: argparse.Namespace) -> None:
     for ftype in args.shape_types:
         path = gguf_shapes.shaped(args.shape, ftype, threads)
         size = path.stat().st_size
-        limit = info["bandwidth_gbs"] * 1e9 / read_bytes_per_token(path)
+        per_token = read_bytes_per_token(path)
         for eng in ("syshax", "llama.cpp"):
             if eng in args.skip:
                 continue
@@ -106,12 +109,14 @@ def run(args: argparse.Namespace) -> None:
             cmd += ["--repeats", str(args.repeats)]
             print(f"# running {eng} on {path.name} ...", file=sys.stderr, flush=True)
             warm_page_cache(path)
+            before = cpu_decode.bandwidth_gbs(args.bandwidth_mb)
             proc = subprocess.run(cmd, capture_output=True, text=True)
+            bandwidth = max(before, cpu_decode.bandwidth_gbs(args.bandwidth_mb))
             if proc.returncode != 0:
                 print(f"# {eng} {ftype} failed:\n{proc.stderr[-2000:]}", file=sys.stderr)
                 continue
             row = json.loads(proc.stdout.strip().splitlines()[-1])
-            row.update(ftype=ftype, file_bytes=size, limit_b1=limit)
+            row.update(ftype=ftype, file_bytes=size, bandwidth_gbs=bandwidth, limit_b1=bandwidth * 1e9 / per_token)  # fmt: skip
             rows.append(row)
             print(json.dumps(row), flush=True)
     print()
@@ -126,13 +131,13 @@ def markdown(rows: list[dict], args: argparse.Namespace, info: dict) -> str:
         "SmolLM2 tokenizer: speed only)",
         "",
         f"- machine: {info['cpu']}, {info['cores']} cores, {info['threads']} threads; memory "
-        f"bandwidth {info['bandwidth_gbs']:.1f} GB/s; syshax kernels `{info.get('syshax_simd', '?')}`, "
+        f"bandwidth {info['bandwidth_gbs']:.1f} GB/s at the start (each row: its own, before and after it); syshax kernels `{info.get('syshax_simd', '?')}`, "
         f"llama.cpp `{info.get('llama_cpp_cpu', '?')}`",
         f"- date: {info['date']}; prompt {args.prompt_tokens} tokens, {args.new_tokens} new tokens, greedy",
         "",
         "| engine | file | file GB | load s | peak RSS GB | RSS / file | prefill tok/s | "
         + " | ".join(f"decode b={b}" for b in bs)
-        + " | b=1 % of bandwidth limit | "
+        + " | b=1 % of bandwidth limit (GB/s at the row) | "
         + " | ".join(f"vs llama.cpp b={b}" for b in bs)
         + " |",
         "|---|---|---:|---:|---:|---:|---:|" + "---:|" * (2 * len(bs) + 1),
@@ -149,7 +154,7 @@ def markdown(rows: list[dict], args: argparse.Namespace, info: dict) -> str:
             f"{r['peak_rss'] / r['file_bytes']:.2f}",
             f"{r['prefill_tps']:.1f}",
             *(f"{dec.get(b, 0):.1f}" for b in bs),
-            f"{100 * dec.get(1, 0) / r['limit_b1']:.0f}%",
+            f"{100 * dec.get(1, 0) / r['limit_b1']:.0f}% ({r.get('bandwidth_gbs', info['bandwidth_gbs']):.1f})",
             *(
                 f"{dec[b] / base[b]:.2f}"
                 if r["engine"] != "llama.cpp" and b in base and b in dec
