@@ -154,7 +154,7 @@ def markdown(rows: list[dict], args: argparse.Namespace, info: dict) -> str:
             f"{r['peak_rss'] / r['file_bytes']:.2f}",
             f"{r['prefill_tps']:.1f}",
             *(f"{dec.get(b, 0):.1f}" for b in bs),
-            f"{100 * dec.get(1, 0) / r['limit_b1']:.0f}% ({r.get('bandwidth_gbs', info['bandwidth_gbs']):.1f})",
+            f"{100 * dec.get(1, 0) / r['limit_b1']:.0f}% ({r['bandwidth_gbs']:.1f})",
             *(
                 f"{dec[b] / base[b]:.2f}"
                 if r["engine"] != "llama.cpp" and b in base and b in dec

@@ -57,17 +57,19 @@ def measured_overhead(run: dict) -> tuple[float, float]:
     return fit.base_s, fit.per_row_s
 
 
-def measured_cpu_step(run: dict) -> str:
+def measured_cpu_step(run: dict) -> str | None:
     """`--cpu-step-ms BASE,PER_ROW,TAIL` from the run's standalone CPU levels: their streams'
     ITL p50 fitted over the level, and the worst ITL p99 / p50 as the tail."""
     from syshax.workers.capacity_plan import StepCurve
 
     points, tails = [], []
-    for level, s in run["results"]["cpu"].items():
+    for level, s in run["results"].get("cpu", {}).items():
         d = s["devices"]["cpu"]
         if d["median_itl_ms"] > 0:
             points.append((int(level), d["median_itl_ms"]))
             tails.append(d["p99_itl_ms"] / d["median_itl_ms"])
+    if not points:
+        return None
     fit = StepCurve.fit(points, tail=max(tails))
     return f"{fit.base_s:.3f},{fit.per_row_s:.3f},{fit.tail:.2f}"
 
@@ -99,8 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         base, per_row = measured_overhead(run)
         name = f"with the run's xPU overhead ({base:.2f} + {per_row:.3f} x streams ms)"
         variants[name] = plan_json(run, ["--xpu-overhead-ms", f"{base},{per_row}"])
-        if run["results"].get("cpu"):
-            step = measured_cpu_step(run)
+        if step := measured_cpu_step(run):
             name = f"and the run's CPU step ({step.replace(',', ' / ')} ms, tail)"
             variants[name] = plan_json(run, ["--xpu-overhead-ms", f"{base},{per_row}", "--cpu-step-ms", step])  # fmt: skip
     print(f"run: {args.run} ({run['date']}; {run['command']})")

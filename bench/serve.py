@@ -540,12 +540,17 @@ def _levels(text: str) -> list[int]:
 
 
 def _setting(item: str) -> tuple[str, Any]:
-    import yaml
+    """KEY=VALUE checked and typed as `syshax config KEY VALUE` does (an unknown key or a bad
+    value is refused here, not by the launched farm)."""
+    from syshax.shared.config import Config, ConfigError, get_key, set_key
 
     key, eq, value = item.partition("=")
     if not eq or not key:
         raise argparse.ArgumentTypeError(f"want KEY=VALUE such as prompt_rows_while_decoding=64, got {item!r}")  # fmt: skip
-    return key, yaml.safe_load(value)
+    try:
+        return key, get_key(set_key(Config(), key, value), key)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _slo(item: str) -> tuple[str, float]:
@@ -571,7 +576,7 @@ OPTIONS: list[tuple[str, dict[str, Any]]] = [
     ("--json", {"type": Path, "help": "also save config, date, machine, summaries and per-request data to this JSON file"}),
     ("--launch", {"choices": ("none", "echo", "model"), "default": "none", "help": "start a farm for the run (embedded Redis, gateway, workers) with this engine and stop it after; none = use --base-url (default %(default)s)"}),
     ("--load", {"type": Path, "help": "model a launched farm and the direct engine load (a config with only `model` set; default: the config's), and the GGUF llama-server loads unless --gguf"}),
-    ("--set", {"type": _setting, "action": "append", "metavar": "KEY=VALUE", "help": "a config key of a launched farm (dotted for sections: kv.prefix_caching=false), repeatable; the value is read as YAML"}),
+    ("--set", {"type": _setting, "action": "append", "metavar": "KEY=VALUE", "help": "a config key of a launched farm (dotted for sections: kv.prefix_caching=false), repeatable; checked as `syshax config KEY VALUE` checks it"}),
     ("--cpu-workers", {"type": int, "help": "CPU decode workers of a launched farm (default: what `syshax run` starts: none without an accelerator)"}),
     ("--max-batch-size", {"type": int, "help": "sequences at once, passed to launched workers and the direct engine (default: the config's)"}),
     ("--threads", {"type": int, "help": "threads per launched worker and for the direct engine (default: what `syshax run` gives; the direct engine: every core)"}),

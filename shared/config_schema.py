@@ -98,13 +98,6 @@ class ConductorConfig(_Section):
     )
 
 
-# The farm's prompt_rows_while_decoding on a CPU engine when the config leaves it null. 1B
-# Q4_0 shape, 2 cores, 16 prompts of 128 tokens (docs/benchmarks.md, 2026-12-05): against no
-# cap, ITL p99 613 -> 347 ms at 4 streams and 1237 -> 389 ms at 16, the same tok/s; 16 rows
-# took ITL p99 to 113 / 149 ms at 6-9% of the tok/s.
-DEFAULT_CPU_PROMPT_ROWS_WHILE_DECODING = 64
-
-
 class VllmConfig(_Section):
     """vLLM as the xPU worker's engine (gpu.engine vllm; docs/vllm.md)"""
 
@@ -258,6 +251,13 @@ class OutputConfig(_Section):
         ge=1,
         description="seconds the per-request output stream is kept (the SSE resume window)",
     )
+
+
+# The farm's prompt_rows_while_decoding on a CPU engine when the config leaves it null. 1B
+# Q4_0 shape, 2 cores, 16 prompts of 128 tokens (docs/benchmarks.md, 2026-12-05): against no
+# cap, ITL p99 613 -> 347 ms at 4 streams and 1237 -> 389 ms at 16, the same tok/s; 16 rows
+# took ITL p99 to 113 / 149 ms for 6-9% fewer tok/s.
+DEFAULT_CPU_PROMPT_ROWS_WHILE_DECODING = 64
 
 
 class Config(_Section):

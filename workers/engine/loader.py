@@ -103,23 +103,6 @@ def _target(name: str) -> tuple[str, int | None] | None:
     return f"layers.{layer}.{rest}", None
 
 
-def load_model(
-    model: str | Path | None,
-    *,
-    dtype: torch.dtype = torch.float32,
-    device: str | torch.device = "cpu",
-    max_model_len: int,
-    progress: bool = True,
-    weights: str | None = None,
-    nrc: int = 0,
-    kv_bytes: Callable[[ModelConfig], int] | None = None,
-) -> LoadedModel:
-    """`kv_bytes(config)`: the KV cache the caller will allocate; with it, the load fails with
-    a clear ModelLoadError before any tensor is read when weights + KV cache cannot fit."""
-    with _gc_paused():
-        return _load_model(model, dtype, device, max_model_len, progress, weights, nrc, kv_bytes)
-
-
 @contextmanager
 def _gc_paused() -> Iterator[None]:
     """Python's cyclic GC off while a model loads: the load makes thousands of modules, tensor
@@ -134,7 +117,20 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _load_model(model, dtype, device, max_model_len, progress, weights, nrc, kv_bytes) -> LoadedModel:  # fmt: skip
+@_gc_paused()
+def load_model(
+    model: str | Path | None,
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    max_model_len: int,
+    progress: bool = True,
+    weights: str | None = None,
+    nrc: int = 0,
+    kv_bytes: Callable[[ModelConfig], int] | None = None,
+) -> LoadedModel:
+    """`kv_bytes(config)`: the KV cache the caller will allocate; with it, the load fails with
+    a clear ModelLoadError before any tensor is read when weights + KV cache cannot fit."""
     path = resolve_model_path(model)
     device = torch.device(device)
     if weights is not None and weights not in WEIGHT_PLANS:
