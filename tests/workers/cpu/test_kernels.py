@@ -127,6 +127,43 @@ def test_results_do_not_depend_on_batch_tile_or_threads(qtype):
     assert torch.equal(singles, base)
 
 
+@pytest.mark.parametrize("n", [3, 4, 5, 8, 16])
+def test_q4_0_rows_equal_alone_and_in_a_batch_at_every_tile_width(n):
+    """Batches over 2 run Q4_0 on 16-row tiles where the build has AVX-512 VNNI (tile16.c,
+    with its prefetch of the next tiles), batch 1 on 8-row tiles: a row's bits are the same
+    either way. 200 rows: whole pairs, a lone tile, and chunks that end mid-way."""
+    rows, cols = 200, 512
+    mat = lib.quant_mat(lib.Q4_0, lib.quantize(_weights(rows, cols, seed=n), lib.Q4_0), rows, cols)
+    x = torch.randn(n, cols)
+    singles = torch.cat([lib.gemm(mat, x[i : i + 1], threads=2) for i in range(n)])
+    for threads in (1, 2):
+        assert torch.equal(lib.gemm(mat, x, threads=threads), singles)
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((set(line.split()[2:]) for line in f if line.startswith("flags")), set())
+    except OSError:
+        return set()
+
+
+@pytest.mark.skipif(
+    not {"avx512bw", "avx512_vnni"} <= _cpu_flags(), reason="needs AVX-512 BW and VNNI"
+)
+def test_avx512_build_has_the_16_row_q4_0_tile():
+    """On an AVX-512 VNNI machine the native build takes the 16-row tiles of Q4_0 and Q4_K
+    (their VPDPBUSD with an embedded broadcast), so the equality tests compare two tiles."""
+    import subprocess
+
+    from syshax.workers.cpu import build
+
+    dis = subprocess.run(
+        ["objdump", "-d", str(build.library_path())], capture_output=True, text=True, check=True
+    ).stdout
+    assert any("vpdpbusd" in line and "{1to16}" in line for line in dis.splitlines())
+
+
 @pytest.mark.parametrize("qtype", [lib.F32, lib.Q8_0, lib.Q4_0])
 def test_portable_build_computes_the_same_bits(qtype):
     """The scalar fallback (what a machine without AVX2 runs) mirrors the SIMD lanes."""

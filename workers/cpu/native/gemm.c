@@ -115,6 +115,7 @@ AI void tile_q(int type, int C, const uint8_t *w, int nb, const sx_act *act, siz
     }
     for (int c = 0; c < C; c++) _mm256_storeu_ps(out + 8 * c, acc[c]);
 }
+
 #else
 /* Scalar build (and aarch64, whose sdot does the 32-quant integer dot): the same integer block
  * sums and fused multiply-adds as above, one row at a time. */
@@ -161,10 +162,11 @@ AI void tile_q(int type, int C, const uint8_t *w, int nb, const sx_act *act, siz
 #endif
 
 #define QSHAPES(X) X(1) X(2) X(4)
-#define DEFQ(C)                                                                                                  \
-    static void q4_c##C(const uint8_t *w, int nb, const sx_act *a, size_t o, float *y) { tile_q(SX_Q4_0, C, w, nb, a, o, y); } \
-    static void q41_c##C(const uint8_t *w, int nb, const sx_act *a, size_t o, float *y) { tile_q(SX_Q4_1, C, w, nb, a, o, y); } \
-    static void q8_c##C(const uint8_t *w, int nb, const sx_act *a, size_t o, float *y) { tile_q(SX_Q8_0, C, w, nb, a, o, y); }
+#define TILE_ARGS const uint8_t *w, int nb, const sx_act *a, size_t o, float *y
+#define DEFQ(C)                                                                              \
+    static void q4_c##C(TILE_ARGS) { tile_q(SX_Q4_0, C, w, nb, a, o, y); }                   \
+    static void q41_c##C(TILE_ARGS) { tile_q(SX_Q4_1, C, w, nb, a, o, y); }                  \
+    static void q8_c##C(TILE_ARGS) { tile_q(SX_Q8_0, C, w, nb, a, o, y); }
 QSHAPES(DEFQ)
 #undef DEFQ
 static const sx_qtile_fn Q4_TILES[] = {q4_c1, q4_c2, NULL, q4_c4}, Q41_TILES[] = {q41_c1, q41_c2, NULL, q41_c4};
@@ -183,21 +185,34 @@ static void gemm_rows_q(const sx_mat *w, int r0, int r1, int n, const sx_act *ac
     const int nb = w->cols / SX_QK;
     const size_t tile = sx_packed_bytes(w->type, SX_TILE, w->cols); /* bytes per tile of 8 rows */
     const sx_qtile_fn *tiles = qtiles(w->type);
-    const int cmax = (nrc == 1 || nrc == 2 || nrc == 4) ? nrc : MAXC;
+    int cmax = (nrc == 1 || nrc == 2 || nrc == 4) ? nrc : MAXC;
+#ifdef SX_Q4_X2
+    const int x2 = w->type == SX_Q4_0 || w->type == SX_Q4_K; /* tile16.c has 16-row tiles */
+    /* 3-4 rows: two calls of 2 on the 16-row tile beat one call of 4 on tile_q (tile16.c);
+     * 2 rows are bandwidth-bound either way */
+    if (w->type == SX_Q4_0 && nrc == 0 && n > 2 && n <= 4) cmax = 2;
+#endif
+    int passes = 0; /* tile calls per tile */
+    for (int c = 0; c < n; c += sx_group_rows(cmax, n - c)) passes++;
     float out[MAXC * SX_TILE];
     if (!tiles) return;
-    for (int r = r0; r < r1; r += SX_TILE) {
+    for (int r = r0; r < r1;) {
+#ifdef SX_Q4_X2
+        if (x2 && passes > 1 && r + 2 * SX_TILE <= r1) {
+            sx_x2_rows(w, r, n, cmax, passes, act, y, ys);
+            r += 2 * SX_TILE;
+            continue;
+        }
+#endif
         const uint8_t *wt = (const uint8_t *)w->data + (size_t)(r / SX_TILE) * tile;
         const int live = r1 - r < SX_TILE ? r1 - r : SX_TILE;
         for (int c = 0; c < n;) {
-            int C = 1;
-            while (C * 2 <= cmax && C * 2 <= n - c) C *= 2;
+            const int C = sx_group_rows(cmax, n - c);
             tiles[C - 1](wt, nb, act, (size_t)c * nb, out);
-            for (int j = 0; j < C; j++)
-                for (int i = 0; i < live; i++)
-                    y[(size_t)(c + j) * ys + r + i] = out[8 * j + i] + (w->bias ? w->bias[r + i] : 0.0f);
+            sx_store_rows(w, out, SX_TILE, r, live, c, C, y, ys);
             c += C;
         }
+        r += SX_TILE;
     }
 }
 

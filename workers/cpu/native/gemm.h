@@ -61,6 +61,28 @@ typedef void (*sx_qtile_fn)(const uint8_t *w, int nb, const sx_act *act, size_t 
 const sx_qtile_fn *sx_ktiles(int type);
 void sx_kquant_act(unsigned type_mask, int count, sx_act *act);
 
+/* Activation rows of the next tile call over `left` rows: 1, 2 or 4, at most cmax. */
+SX_AI int sx_group_rows(int cmax, int left) {
+    int C = 1;
+    while (C * 2 <= cmax && C * 2 <= left) C *= 2;
+    return C;
+}
+
+/* A tile call's out[width k + i] (activation row c + k, weight row r + i < r + live) -> y,
+ * plus the bias. */
+SX_AI void sx_store_rows(const sx_mat *w, const float *out, int width, int r, int live, int c, int C, float *y, int ys) {
+    for (int k = 0; k < C; k++)
+        for (int i = 0; i < live; i++)
+            y[(size_t)(c + k) * ys + r + i] = out[width * k + i] + (w->bias ? w->bias[r + i] : 0.0f);
+}
+
+#if defined(SX_AVX2) && defined(SX_VNNI) && defined(__AVX512BW__)
+#define SX_Q4_X2 1
+/* tile16.c: Q4_0 or Q4_K weight rows [r, r + 16) (two whole tiles) for all n activation
+ * rows, in `passes` calls of up to cmax rows each. */
+void sx_x2_rows(const sx_mat *w, int r, int n, int cmax, int passes, const sx_act *act, float *y, int ys);
+#endif
+
 #ifdef SX_AVX2
 /* acc + per int32 lane the sum of 4 u8 x s8 products. */
 SX_AI __m256i dot_us(__m256i acc, __m256i u, __m256i s) {

@@ -1,0 +1,167 @@
+/* The 16-row Q4_0 tile of AVX-512 VNNI machines, and its driver (gemm.c calls it for batches
+ * over 2; everything else runs gemm.c's 8-row tiles). */
+#include "gemm.h"
+
+#ifdef SX_Q4_X2
+
+/* Two adjacent Q4_0 tiles (16 rows) in 512-bit vectors: lanes 0-7 are tile w's rows, 8-15 tile
+ * w + tile's, each computed exactly as tile_q computes it (the same integer sums, multiply and
+ * fused multiply-add), so results do not depend on which tile ran. One 4-byte activation group
+ * feeds 16 rows instead of 8, as an embedded broadcast of VPDPBUSD (one micro-fused load; GCC
+ * does not fold a set1 into it), and all C rows' chains run side by side.
+ *
+ * It serves tiles that several calls cover (one call per group of activation rows: batches
+ * over 4, and 3-4 rows as two calls of 2), the later calls finding the tiles in cache. The
+ * first call alone would then read DRAM, in bursts (~25 GB/s from one core, then nothing), so
+ * instead every call prefetches its share of the NEXT two tiles (sx_pf), which keeps the
+ * stream steady. As the one call over its tiles it reads two DRAM streams and was 25-30%
+ * slower than tile_q on Zen 4 (batch 1 and 4), so it is not used that way. Measured on a
+ * 2-core Zen 4 VM (Q4_0 8192 x 2048 matrices well over L3, 2 threads, GMAC/s per core of a
+ * 225-233 VPDPBUSD peak): batch 16 tile_q 111-118 (the spread prefetch alone: no change),
+ * this tile with in-stream prefetch 132-142, with the spread prefetch 155-165; batch 8
+ * 108-112 -> 136-162; batch 4 100-103 (tile_q, one call) -> 108-123 (two calls of 2). */
+
+/* One call's share of the next tiles: `step` bytes per unit (a 32-column block; Q4_K: a
+ * super-block) from `next`, up to
+ * `len` (next NULL: nothing, the last tiles of a matrix). */
+typedef struct {
+    const uint8_t *next;
+    size_t step, len;
+} sx_pf;
+
+SX_AI void prefetch_share(const sx_pf *pf, int b) { /* the lines starting in [b step, (b + 1) step) */
+    const size_t end = (size_t)(b + 1) * pf->step < pf->len ? (size_t)(b + 1) * pf->step : pf->len;
+    for (size_t o = ((size_t)b * pf->step + 63) & ~(size_t)63; o < end; o += 64)
+        _mm_prefetch((const char *)pf->next + o, SX_PF_HINT);
+}
+
+SX_AI __m512i ld2(const uint8_t *w, size_t tile, int off) { /* 32 bytes of each tile */
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(w + off))),
+                              _mm256_loadu_si256((const __m256i *)(w + tile + off)), 1);
+}
+
+SX_AI __m128i ld2x8(const uint8_t *w, size_t tile, int off) { /* 8 bytes of each tile */
+    return _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)(w + off)), _mm_loadl_epi64((const __m128i *)(w + tile + off)));
+}
+
+SX_AI __m512 ld2ph(const uint8_t *w, size_t tile, int off) { /* 8 fp16 of each tile */
+    return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(w + off))),
+                                                   _mm_loadu_si128((const __m128i *)(w + tile + off)), 1));
+}
+
+SX_AI __m512i dot_bcast4(__m512i acc, __m512i u, const void *s) { /* acc + u (u8) x 4 bytes at s (s8) */
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(u), "m"(*(const int32_t *)s));
+    return acc;
+}
+
+SX_AI void tile_q4_x2(int C, const uint8_t *w, size_t tile, int nb, const sx_act *act, size_t a0, float *out,
+                      const sx_pf *pf) {
+    const sx_act_block *a = act->blocks + a0;
+    const float *ad = act->scales + a0;
+    const int32_t *zq = act->zq + a0;
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    __m512 acc[SX_MAXC];
+    for (int c = 0; c < C; c++) acc[c] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b++, w += SX_Q4_TILE_BYTES) {
+        prefetch_share(pf, b);
+        const __m512 dw = ld2ph(w, tile, 0);
+        __m512i wq[8];
+        for (int k = 0; k < 4; k++) {
+            const __m512i raw = ld2(w, tile, 16 + 32 * k);
+            wq[k] = _mm512_and_si512(raw, m4);
+            wq[k + 4] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
+        }
+        /* all C rows' chains side by side: 2C independent VPDPBUSD chains in flight */
+        __m512i s0[SX_MAXC], s1[SX_MAXC];
+        for (int c = 0; c < C; c++) {
+            s0[c] = _mm512_set1_epi32(zq[(size_t)c * nb + b]);
+            s1[c] = _mm512_setzero_si512();
+        }
+        for (int k = 0; k < 4; k++)
+            for (int c = 0; c < C; c++) {
+                const sx_act_block *ab = a + (size_t)c * nb + b;
+                s0[c] = dot_bcast4(s0[c], wq[k], ab->qs + 4 * k);
+                s1[c] = dot_bcast4(s1[c], wq[k + 4], ab->qs + 16 + 4 * k);
+            }
+        for (int c = 0; c < C; c++) {
+            const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(ad[(size_t)c * nb + b]));
+            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0[c], s1[c])), scale, acc[c]);
+        }
+    }
+    for (int c = 0; c < C; c++) _mm512_storeu_ps(out + 16 * c, acc[c]);
+}
+
+/* Q4_K over two tiles: kquant.c's tile_k (VNNI) in 16 lanes, the same integer sums, scale
+ * products and fused multiply-adds in the same order per row. */
+SX_AI void tile_q4k_x2(int C, const uint8_t *w, size_t tile, int nb, const sx_act *act, size_t a0, float *out,
+                       const sx_pf *pf) {
+    const sx_act_block *a = act->blocks + a0;
+    const float *ad = act->scales + a0, *xs = act->xsum + a0;
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    __m512 acc[SX_MAXC];
+    for (int c = 0; c < C; c++) acc[c] = _mm512_setzero_ps();
+    for (int sb = 0; sb < nb / 8; sb++, w += SX_Q4K_TILE_BYTES) {
+        prefetch_share(pf, sb);
+        __m512 sd[SX_MAXC], sm[SX_MAXC];
+        for (int c = 0; c < C; c++) sd[c] = sm[c] = _mm512_setzero_ps();
+#pragma GCC unroll 8
+        for (int s = 0; s < 8; s++) { /* unrolled: the shift becomes an immediate or goes */
+            __m512i q[8];
+            for (int k = 0; k < 8; k++) {
+                const __m512i raw = ld2(w, tile, 160 + 256 * (s / 2) + 32 * k);
+                q[k] = _mm512_and_si512(s & 1 ? _mm512_srli_epi16(raw, 4) : raw, m4);
+            }
+            const __m512i sc = _mm512_cvtepu8_epi32(ld2x8(w, tile, 32 + 8 * s));
+            __m512i s0[SX_MAXC], s1[SX_MAXC];
+            for (int c = 0; c < C; c++) s0[c] = s1[c] = _mm512_setzero_si512();
+            for (int k = 0; k < 8; k += 2)
+                for (int c = 0; c < C; c++) {
+                    const sx_act_block *x = a + (size_t)c * nb + 8 * sb + s;
+                    s0[c] = dot_bcast4(s0[c], q[k], x->qs + 4 * k);
+                    s1[c] = dot_bcast4(s1[c], q[k + 1], x->qs + 4 * k + 4);
+                }
+            for (int c = 0; c < C; c++) {
+                const __m512i I = _mm512_mullo_epi32(_mm512_add_epi32(s0[c], s1[c]), sc);
+                sd[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_set1_ps(ad[(size_t)c * nb + 8 * sb + s]), sd[c]);
+            }
+        }
+        for (int s = 0; s < 8; s++) { /* the mins, each converted once for all C rows */
+            const __m512 mn = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(ld2x8(w, tile, 96 + 8 * s)));
+            for (int c = 0; c < C; c++) sm[c] = _mm512_fmadd_ps(mn, _mm512_set1_ps(xs[(size_t)c * nb + 8 * sb + s]), sm[c]);
+        }
+        const __m512 d = ld2ph(w, tile, 0), ndmin = _mm512_sub_ps(_mm512_setzero_ps(), ld2ph(w, tile, 16));
+        for (int c = 0; c < C; c++) acc[c] = _mm512_fmadd_ps(ndmin, sm[c], _mm512_fmadd_ps(d, sd[c], acc[c]));
+    }
+    for (int c = 0; c < C; c++) _mm512_storeu_ps(out + 16 * c, acc[c]);
+}
+
+/* Rows [r, r + 16) (two whole tiles) of a Q4_0 or Q4_K matrix for all n activation rows, in
+ * `passes` calls, each prefetching its share of the next 16 rows' tiles (which may lie past
+ * this thread's chunk: it claims the next chunk next; never past the matrix). */
+void sx_x2_rows(const sx_mat *w, int r, int n, int cmax, int passes, const sx_act *act, float *y, int ys) {
+    const int q4k = w->type == SX_Q4_K, nb = w->cols / SX_QK, units = q4k ? nb / 8 : nb;
+    const int n_tiles = (w->rows + SX_TILE - 1) / SX_TILE, t = r / SX_TILE;
+    const size_t tile = sx_packed_bytes(w->type, SX_TILE, w->cols);
+    const uint8_t *wt = (const uint8_t *)w->data + (size_t)t * tile;
+    const int ahead = n_tiles - t - 2 < 2 ? n_tiles - t - 2 : 2;
+    const size_t len = ahead > 0 ? (size_t)ahead * tile : 0, per = (size_t)units * passes, step = (len + per - 1) / per;
+    float out[SX_MAXC * 2 * SX_TILE];
+    for (int c = 0, j = 0; c < n; j++) {
+        const int C = sx_group_rows(cmax, n - c);
+        const size_t done = (size_t)j * units * step; /* what the earlier calls prefetched */
+        const sx_pf pf = {len > done ? wt + 2 * tile + done : NULL, step, len > done ? len - done : 0};
+        const size_t o = (size_t)c * nb;
+        if (q4k) {
+            if (C == 4) tile_q4k_x2(4, wt, tile, nb, act, o, out, &pf);
+            else if (C == 2) tile_q4k_x2(2, wt, tile, nb, act, o, out, &pf);
+            else tile_q4k_x2(1, wt, tile, nb, act, o, out, &pf);
+        } else {
+            if (C == 4) tile_q4_x2(4, wt, tile, nb, act, o, out, &pf);
+            else if (C == 2) tile_q4_x2(2, wt, tile, nb, act, o, out, &pf);
+            else tile_q4_x2(1, wt, tile, nb, act, o, out, &pf);
+        }
+        sx_store_rows(w, out, 2 * SX_TILE, r, 2 * SX_TILE, c, C, y, ys);
+        c += C;
+    }
+}
+#endif
