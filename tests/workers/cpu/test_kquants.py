@@ -116,7 +116,7 @@ def test_gemm_equals_exact_arithmetic(qtype, n):
 
 
 @pytest.mark.parametrize("qtype", GEMM_TYPES)
-@pytest.mark.parametrize("rows", [37, 200])  # a remainder tile; 16-row pairs (tile16.c: Q4_K)
+@pytest.mark.parametrize("rows", [37, 200])  # a remainder tile; 16-row pairs (tile16.c)
 def test_results_do_not_depend_on_batch_tile_threads_or_build(qtype, rows):
     cols = 512
     mat = mat_of(qtype, random_blocks(qtype, rows, cols, seed=7), rows, cols, torch.randn(rows))
