@@ -115,7 +115,6 @@ AI void tile_q(int type, int C, const uint8_t *w, int nb, const sx_act *act, siz
     }
     for (int c = 0; c < C; c++) _mm256_storeu_ps(out + 8 * c, acc[c]);
 }
-
 #else
 /* Scalar build (and aarch64, whose sdot does the 32-quant integer dot): the same integer block
  * sums and fused multiply-adds as above, one row at a time. */
@@ -186,7 +185,7 @@ static void gemm_rows_q(const sx_mat *w, int r0, int r1, int n, const sx_act *ac
     const size_t tile = sx_packed_bytes(w->type, SX_TILE, w->cols); /* bytes per tile of 8 rows */
     const sx_qtile_fn *tiles = qtiles(w->type);
     int cmax = (nrc == 1 || nrc == 2 || nrc == 4) ? nrc : MAXC;
-#ifdef SX_Q4_X2
+#ifdef SX_TILE16
     const int x2 = w->type == SX_Q4_0 || w->type == SX_Q4_K || w->type == SX_Q6_K; /* tile16.c */
     /* 3-4 rows: two calls of 2 on the 16-row tile beat one call of 4 on tile_q (tile16.c);
      * 2 rows are bandwidth-bound either way */
@@ -197,7 +196,7 @@ static void gemm_rows_q(const sx_mat *w, int r0, int r1, int n, const sx_act *ac
     float out[MAXC * SX_TILE];
     if (!tiles) return;
     for (int r = r0; r < r1;) {
-#ifdef SX_Q4_X2
+#ifdef SX_TILE16
         if (x2 && passes > 1 && r + 2 * SX_TILE <= r1) {
             sx_x2_rows(w, r, n, cmax, passes, act, y, ys);
             r += 2 * SX_TILE;

@@ -77,7 +77,7 @@ SX_AI void sx_store_rows(const sx_mat *w, const float *out, int width, int r, in
 }
 
 #if defined(SX_AVX2) && defined(SX_VNNI) && defined(__AVX512BW__)
-#define SX_Q4_X2 1
+#define SX_TILE16 1
 /* tile16.c: Q4_0, Q4_K or Q6_K weight rows [r, r + 16) (two whole tiles) for all n activation
  * rows, in `passes` calls of up to cmax rows each. */
 void sx_x2_rows(const sx_mat *w, int r, int n, int cmax, int passes, const sx_act *act, float *y, int ys);

@@ -3,7 +3,7 @@
  * gemm.c and kquant.c. */
 #include "gemm.h"
 
-#ifdef SX_Q4_X2
+#ifdef SX_TILE16
 
 /* Two adjacent Q4_0 tiles (16 rows) in 512-bit vectors: lanes 0-7 are tile w's rows, 8-15 tile
  * w + tile's, each computed exactly as tile_q computes it (the same integer sums, multiply and
