@@ -344,9 +344,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--plot", type=Path, help="draw decode tok/s vs batch for every row plus the bandwidth limits to this PNG (needs matplotlib)")  # fmt: skip
     add("--verbose", action="store_true", help="show llama.cpp's log and transformers' progress bars")  # fmt: skip
     add("--shape", choices=["1b", "3b", "8b", "qwen7b"], help="instead of SmolLM2: a random-weight GGUF of a public model's shape (bench/gguf_shapes.py), ours vs llama.cpp, each in its own process (load time, peak RSS, prefill, decode)")  # fmt: skip
+    add("--rounds", type=int, default=1, help="--shape: run the engines this many times each, alternating, and report every round's ratios and their median (a VM's bandwidth drifts by 2x within minutes; default 1)")  # fmt: skip
     add("--shape-types", type=lambda s: [x.strip().upper() for x in s.split(",")], default=["Q4_0", "Q8_0", "Q4_K_M"], help="llama.cpp quantizations for --shape (default Q4_0,Q8_0,Q4_K_M)")  # fmt: skip
     args = p.parse_args(argv)
     args.skip = [ALIASES.get(s, s) for s in args.skip]
+    if args.rounds < 1:
+        p.error("need --rounds >= 1")
     if args.new_tokens < 2 or args.prompt_tokens < 1 or min(args.batches + args.transformers_batches, default=0) < 1:  # fmt: skip
         p.error("need --new-tokens >= 2, --prompt-tokens >= 1 and batch sizes >= 1")
     if unknown := set(args.skip) - ENGINES:

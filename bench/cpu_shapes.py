@@ -16,13 +16,16 @@ decode tok/s at each batch, our ratio to llama.cpp, and batch 1 against the band
 (measured GB/s / bytes read per token: every matrix as stored + one embedding row). The
 bandwidth is sampled right before and right after each engine's child and the higher sample
 taken for that row: on a shared VM it can double or halve within seconds (31 and 56 GB/s
-seconds apart on a Zen 4 VM), so one figure per run made the percentages meaningless.
+seconds apart on a Zen 4 VM), so one figure per run made the percentages meaningless. For
+the same reason `--rounds N` runs both engines N times, alternating, pairs each of our runs
+with the llama.cpp run right after it, and prints the median of the paired ratios.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 from dataclasses import asdict
@@ -100,7 +103,9 @@ def run(args: argparse.Namespace) -> None:
         path = gguf_shapes.shaped(args.shape, ftype, threads)
         size = path.stat().st_size
         per_token = read_bytes_per_token(path)
-        for eng in ("syshax", "llama.cpp"):
+        for rnd, eng in [
+            (r, e) for r in range(1, args.rounds + 1) for e in ("syshax", "llama.cpp")
+        ]:
             if eng in args.skip:
                 continue
             cmd = [sys.executable, __file__, "--child", eng, "--child-model", str(path)]
@@ -116,7 +121,7 @@ def run(args: argparse.Namespace) -> None:
                 print(f"# {eng} {ftype} failed:\n{proc.stderr[-2000:]}", file=sys.stderr)
                 continue
             row = json.loads(proc.stdout.strip().splitlines()[-1])
-            row.update(ftype=ftype, file_bytes=size, bandwidth_gbs=bandwidth, limit_b1=bandwidth * 1e9 / per_token)  # fmt: skip
+            row.update(round=rnd, ftype=ftype, file_bytes=size, bandwidth_gbs=bandwidth, limit_b1=bandwidth * 1e9 / per_token)  # fmt: skip
             rows.append(row)
             print(json.dumps(row), flush=True)
     print()
@@ -142,11 +147,23 @@ def markdown(rows: list[dict], args: argparse.Namespace, info: dict) -> str:
         + " |",
         "|---|---|---:|---:|---:|---:|---:|" + "---:|" * (2 * len(bs) + 1),
     ]
-    ref = {r["ftype"]: r for r in rows if r["engine"] == "llama.cpp"}
+    rounds = max((r.get("round", 1) for r in rows), default=1)
+    if rounds > 1:  # a round column
+        lines[-2] = lines[-2].replace("| engine |", "| round | engine |")
+        lines[-1] = "|---:" + lines[-1]
+    ref = {(r["ftype"], r.get("round", 1)): r for r in rows if r["engine"] == "llama.cpp"}
+    ratios: dict[tuple[str, int], list[float]] = {}
     for r in rows:
         dec = {int(k): v for k, v in r["decode_tps"].items()}
-        base = {int(k): v for k, v in ref.get(r["ftype"], {}).get("decode_tps", {}).items()}
+        base = {
+            int(k): v
+            for k, v in ref.get((r["ftype"], r.get("round", 1)), {}).get("decode_tps", {}).items()
+        }
+        for b in bs:
+            if r["engine"] != "llama.cpp" and b in base and b in dec:
+                ratios.setdefault((r["ftype"], b), []).append(dec[b] / base[b])
         cells = [
+            *([str(r.get("round", 1))] if rounds > 1 else []),
             r["ftype"],
             f"{r['file_bytes'] / gb:.2f}",
             f"{r['load_s']:.2f}",
@@ -162,7 +179,14 @@ def markdown(rows: list[dict], args: argparse.Namespace, info: dict) -> str:
                 for b in bs
             ),  # fmt: skip
         ]
-        lines.append(f"| {r['engine']} | " + " | ".join(cells) + " |")
+        first = [cells.pop(0)] if rounds > 1 else []  # the round
+        lines.append("| " + " | ".join([*first, r["engine"], *cells]) + " |")
+    if rounds > 1:  # each round's ratio is ours against the llama.cpp run right after it
+        lines += ["", f"Ours / llama.cpp, median over {rounds} rounds (lowest - highest):", ""]
+        for (ftype, b), rs in ratios.items():
+            lines.append(
+                f"- {ftype} b={b}: **{statistics.median(rs):.2f}x** ({min(rs):.2f} - {max(rs):.2f})"
+            )
     return "\n".join(lines)
 
 
