@@ -131,6 +131,8 @@ def run(args: argparse.Namespace) -> None:
 def markdown(rows: list[dict], args: argparse.Namespace, info: dict) -> str:
     gb = 1e9
     bs = args.batches
+    rounds = max((r["round"] for r in rows), default=1)
+    by_round = rounds > 1  # then a round column, and the median of each round's ratio
     lines = [
         f"## CPU decode at the {args.shape} shape ({gguf_shapes.SHAPES[args.shape][0]}, random weights, "
         "SmolLM2 tokenizer: speed only)",
@@ -140,30 +142,30 @@ def markdown(rows: list[dict], args: argparse.Namespace, info: dict) -> str:
         f"llama.cpp `{info.get('llama_cpp_cpu', '?')}`",
         f"- date: {info['date']}; prompt {args.prompt_tokens} tokens, {args.new_tokens} new tokens, greedy",
         "",
-        "| engine | file | file GB | load s | peak RSS GB | RSS / file | prefill tok/s | "
+        ("| round " if by_round else "")
+        + "| engine | file | file GB | load s | peak RSS GB | RSS / file | prefill tok/s | "
         + " | ".join(f"decode b={b}" for b in bs)
         + " | b=1 % of bandwidth limit (GB/s at the row) | "
         + " | ".join(f"vs llama.cpp b={b}" for b in bs)
         + " |",
-        "|---|---|---:|---:|---:|---:|---:|" + "---:|" * (2 * len(bs) + 1),
+        ("|---:" if by_round else "")
+        + "|---|---|---:|---:|---:|---:|---:|"
+        + "---:|" * (2 * len(bs) + 1),
     ]
-    rounds = max((r.get("round", 1) for r in rows), default=1)
-    if rounds > 1:  # a round column
-        lines[-2] = lines[-2].replace("| engine |", "| round | engine |")
-        lines[-1] = "|---:" + lines[-1]
-    ref = {(r["ftype"], r.get("round", 1)): r for r in rows if r["engine"] == "llama.cpp"}
+    ref = {(r["ftype"], r["round"]): r for r in rows if r["engine"] == "llama.cpp"}
     ratios: dict[tuple[str, int], list[float]] = {}
     for r in rows:
         dec = {int(k): v for k, v in r["decode_tps"].items()}
         base = {
             int(k): v
-            for k, v in ref.get((r["ftype"], r.get("round", 1)), {}).get("decode_tps", {}).items()
+            for k, v in ref.get((r["ftype"], r["round"]), {}).get("decode_tps", {}).items()
         }
         for b in bs:
             if r["engine"] != "llama.cpp" and b in base and b in dec:
                 ratios.setdefault((r["ftype"], b), []).append(dec[b] / base[b])
         cells = [
-            *([str(r.get("round", 1))] if rounds > 1 else []),
+            *([str(r["round"])] if by_round else []),
+            r["engine"],
             r["ftype"],
             f"{r['file_bytes'] / gb:.2f}",
             f"{r['load_s']:.2f}",
@@ -179,9 +181,8 @@ def markdown(rows: list[dict], args: argparse.Namespace, info: dict) -> str:
                 for b in bs
             ),  # fmt: skip
         ]
-        first = [cells.pop(0)] if rounds > 1 else []  # the round
-        lines.append("| " + " | ".join([*first, r["engine"], *cells]) + " |")
-    if rounds > 1:  # each round's ratio is ours against the llama.cpp run right after it
+        lines.append("| " + " | ".join(cells) + " |")
+    if by_round:  # each round's ratio is ours against the llama.cpp run right after it
         lines += ["", f"Ours / llama.cpp, median over {rounds} rounds (lowest - highest):", ""]
         for (ftype, b), rs in ratios.items():
             lines.append(
