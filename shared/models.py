@@ -160,20 +160,45 @@ DEFAULT_ALIGNMENT = 32
 
 
 def read_gguf_metadata(path: str | Path) -> dict[str, Any]:
-    """All key/value metadata of a GGUF file (v2/v3), as plain Python values.
+    """All key/value metadata of a GGUF file (v2/v3), as plain Python values (possibly
+    shared with other callers: read it, never modify it).
 
     Tensor infos and data are not read. Raises FileNotFoundError or GGUFError.
     """
-    return _read(Path(path), with_tensors=False).metadata
+    path = Path(path)
+    key = _file_key(path)
+    if _LAST is not None and _LAST[0] == key:
+        return _LAST[1].metadata
+    return _read(path, with_tensors=False).metadata
+
+
+# The last header read with its tensor infos, kept: a model load reads it twice (the weight
+# loader, then the tokenizer), and parsing a vocabulary and its merges (~100k strings) takes
+# ~0.1 s each time.
+_LAST: tuple[tuple, GGUFInfo] | None = None
+
+
+def _file_key(path: Path) -> tuple:
+    st = path.stat()
+    return (str(path.resolve()), st.st_size, st.st_mtime_ns)
 
 
 def read_gguf_info(path: str | Path) -> GGUFInfo:
     """Metadata, metadata value types, tensor infos and the data start of a GGUF file (v2/v3).
 
     Tensor data is not read (nor checked against the file size: that takes the ggml type sizes,
-    which the weight loader has). Raises FileNotFoundError or GGUFError.
+    which the weight loader has). The last file's result is reused while its size and
+    modification time are unchanged: it is shared, so callers only read it. Raises
+    FileNotFoundError or GGUFError.
     """
-    return _read(Path(path), with_tensors=True)
+    global _LAST
+    path = Path(path)
+    key = _file_key(path)
+    if _LAST is not None and _LAST[0] == key:
+        return _LAST[1]
+    info = _read(path, with_tensors=True)
+    _LAST = (key, info)
+    return info
 
 
 def _read(path: Path, with_tensors: bool) -> GGUFInfo:

@@ -72,3 +72,17 @@ def test_header_errors(tmp_path):
         read_gguf_info(cut)
     with pytest.raises(FileNotFoundError):
         read_gguf_info(tmp_path / "missing.gguf")
+
+
+def test_the_last_header_is_reused_until_the_file_changes(tmp_path):
+    """A model load reads a header twice (weights, then tokenizer): the second read is the
+    first one's result, and a rewritten file is read again."""
+    path = _write(tmp_path / "m.gguf")
+    info = read_gguf_info(path)
+    assert read_gguf_info(path) is info
+    assert read_gguf_metadata(path) is info.metadata
+    _write(path, alignment=64)  # same metadata but the alignment: another size on disk
+    again = read_gguf_info(path)
+    assert again is not info and again.alignment == 64
+    other = _write(tmp_path / "n.gguf")
+    assert read_gguf_info(other) is not again

@@ -18,6 +18,7 @@ from syshax.workers.engine.runner import block_tables
 from torch import nn
 
 from . import lib
+from .affinity import numa_nodes
 from .quantized import QuantEmbedding, QuantLinear
 
 _ERRORS = {
@@ -82,8 +83,16 @@ class FusedDecoder:
         shape = cache.k.shape  # [layers, blocks, kv_heads, block_size, head_dim]
         if cache.block_size % 8:
             raise FusedError("fused mode needs a KV block size that is a multiple of 8")
-        elem = cache.k.element_size()
-        self._lib.sx_place_kv(lib.ptr(cache.k), lib.ptr(cache.v), *shape, elem, self.threads)
+        if len(numa_nodes()) > 1:
+            # Zero the caches from the threads that will use them: each block's first touch
+            # puts its pages on the node of the thread that runs its attention. On one node
+            # there is nothing to place, and the cache (allocated, not filled) is left to be
+            # faulted in block by block as sequences first write it: the kernels never read a
+            # position before writing it. That saves the load a pass over the whole cache
+            # (1 GiB at 16 x 2048 positions of the 1B shape: ~0.25 s of a 0.9 s load on a VM)
+            # and keeps never-used blocks out of the resident set.
+            elem = cache.k.element_size()
+            self._lib.sx_place_kv(lib.ptr(cache.k), lib.ptr(cache.v), *shape, elem, self.threads)
 
         def f32(t: torch.Tensor | None) -> int | None:
             if t is None:

@@ -27,8 +27,10 @@ class KVCache:
         device: torch.device | str,
         zero: bool = True,
     ):
-        """`zero=False` leaves the memory untouched for whoever fills it (the fused CPU step
-        zeroes it from its own threads, for NUMA placement)."""
+        """`zero=False` leaves the memory untouched for whoever fills it: the fused CPU step,
+        which zeroes it from its own threads on a NUMA host (placement) and elsewhere lets
+        each block be faulted in when a sequence first writes it (it never reads a position
+        it has not written)."""
         shape = (config.num_layers, num_blocks, config.num_kv_heads, block_size, config.head_dim)
         alloc = torch.zeros if zero else torch.empty
         self.k = alloc(shape, dtype=dtype, device=device)

@@ -130,3 +130,27 @@ def test_fused_refuses_what_it_cannot_run(tiny_models):
     with pytest.raises(RuntimeError, match="adjacent"):
         step([1, 2, 3], [0, 1, 1], [0, 1, 0], [[0], [1]], [2])
     assert torch.isfinite(step([1], [0], [0], [[0]], [0])).all()
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * 4096
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/proc/self/statm"), reason="Linux only")
+def test_unused_kv_blocks_stay_out_of_the_resident_set(tiny_models):
+    """On one NUMA node the fused engine does not fill its KV cache at load: a 512 MiB cache
+    adds little to the resident set until sequences write it, and tokens are unchanged
+    (the kernels never read a position they have not written)."""
+    from syshax.workers.cpu.affinity import numa_nodes
+
+    if len(numa_nodes()) > 1:
+        pytest.skip("on a NUMA host the cache is zeroed at load by the threads that use it")
+    folder, _ = tiny_models["llama"]
+    small = _engine(folder, op_mode="fused", kv_cache_bytes=2**20)
+    expected = _greedy(small)
+    before = _rss_bytes()
+    big = _engine(folder, op_mode="fused", kv_cache_bytes=512 * 2**20)
+    assert big.cache.nbytes >= 500 * 2**20
+    assert _rss_bytes() - before < 64 * 2**20
+    assert _greedy(big) == expected
