@@ -152,8 +152,9 @@ def _cpu_flags() -> set[str]:
     not {"avx512bw", "avx512_vnni"} <= _cpu_flags(), reason="needs AVX-512 BW and VNNI"
 )
 def test_avx512_build_has_the_16_row_q4_0_tile():
-    """On an AVX-512 VNNI machine the native build takes the 16-row tiles of Q4_0, Q4_K and
-    Q6_K (their VPDPBUSD with an embedded broadcast), so the equality tests compare two tiles."""
+    """On an AVX-512 VNNI machine the native build takes the 16-row tiles of Q4_0, Q4_K, Q5_K
+    and Q6_K (their VPDPBUSD with an embedded broadcast), so the equality tests compare two
+    tiles."""
     import subprocess
 
     from syshax.workers.cpu import build

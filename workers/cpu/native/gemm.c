@@ -186,7 +186,7 @@ static void gemm_rows_q(const sx_mat *w, int r0, int r1, int n, const sx_act *ac
     const sx_qtile_fn *tiles = qtiles(w->type);
     int cmax = (nrc == 1 || nrc == 2 || nrc == 4) ? nrc : MAXC;
 #ifdef SX_TILE16
-    const int x2 = w->type == SX_Q4_0 || w->type == SX_Q4_K || w->type == SX_Q6_K; /* tile16.c */
+    const int x2 = w->type == SX_Q4_0 || w->type == SX_Q4_K || w->type == SX_Q5_K || w->type == SX_Q6_K; /* tile16.c */
     /* 3-4 rows: two calls of 2 on the 16-row tile beat one call of 4 on tile_q (tile16.c);
      * 2 rows are bandwidth-bound either way */
     if (w->type == SX_Q4_0 && nrc == 0 && n > 2 && n <= 4) cmax = 2;

@@ -1,4 +1,4 @@
-/* The 16-row tiles of AVX-512 VNNI machines (Q4_0, Q4_K, Q6_K) and their driver: gemm.c calls
+/* The 16-row tiles of AVX-512 VNNI machines (Q4_0, Q4_K, Q5_K, Q6_K) and their driver: gemm.c calls
  * it where a batch makes several passes over a tile; everything else runs the 8-row tiles of
  * gemm.c and kquant.c. */
 #include "gemm.h"
@@ -92,16 +92,22 @@ SX_AI void tile_q4_x2(int C, const uint8_t *w, size_t tile, int nb, const sx_act
     for (int c = 0; c < C; c++) _mm512_storeu_ps(out + 16 * c, acc[c]);
 }
 
-/* Q4_K over two tiles: kquant.c's tile_k (VNNI) in 16 lanes, the same integer sums, scale
- * products and fused multiply-adds in the same order per row. */
-SX_AI void tile_q4k_x2(int C, const uint8_t *w, size_t tile, int nb, const sx_act *act, size_t a0, float *out,
-                       const sx_pf *pf) {
+SX_AI __m512i shift16z(__m512i x, int left) { /* 16-bit lanes by `left` (< 0: right); a constant */
+    return left > 0 ? _mm512_slli_epi16(x, left) : left < 0 ? _mm512_srli_epi16(x, -left) : x;
+}
+
+/* Q4_K and Q5_K over two tiles: kquant.c's tile_k (VNNI) in 16 lanes, the same integer sums
+ * (Q5_K: bit s of qh as bit 4 of sub-block s's quants), scale products and fused multiply-adds
+ * in the same order per row. */
+SX_AI void tile_qk_x2(int type, int C, const uint8_t *w, size_t tile, int nb, const sx_act *act, size_t a0,
+                      float *out, const sx_pf *pf) {
+    const size_t tb = type == SX_Q4_K ? SX_Q4K_TILE_BYTES : SX_Q5K_TILE_BYTES;
     const sx_act_block *a = act->blocks + a0;
     const float *ad = act->scales + a0, *xs = act->xsum + a0;
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m512i m4 = _mm512_set1_epi8(0x0F), b4 = _mm512_set1_epi8(0x10);
     __m512 acc[SX_MAXC];
     for (int c = 0; c < C; c++) acc[c] = _mm512_setzero_ps();
-    for (int sb = 0; sb < nb / 8; sb++, w += SX_Q4K_TILE_BYTES) {
+    for (int sb = 0; sb < nb / 8; sb++, w += tb) {
         prefetch_share(pf, sb);
         __m512 sd[SX_MAXC], sm[SX_MAXC];
         for (int c = 0; c < C; c++) sd[c] = sm[c] = _mm512_setzero_ps();
@@ -111,6 +117,10 @@ SX_AI void tile_q4k_x2(int C, const uint8_t *w, size_t tile, int nb, const sx_ac
             for (int k = 0; k < 8; k++) {
                 const __m512i raw = ld2(w, tile, 160 + 256 * (s / 2) + 32 * k);
                 q[k] = _mm512_and_si512(s & 1 ? _mm512_srli_epi16(raw, 4) : raw, m4);
+                if (type == SX_Q5_K) {
+                    const __m512i qh = ld2(w, tile, SX_Q4K_TILE_BYTES + 32 * k);
+                    q[k] = _mm512_or_si512(q[k], _mm512_and_si512(shift16z(qh, 4 - s), b4));
+                }
             }
             const __m512i sc = _mm512_cvtepu8_epi32(ld2x8(w, tile, 32 + 8 * s));
             __m512i s0[SX_MAXC], s1[SX_MAXC];
@@ -134,10 +144,6 @@ SX_AI void tile_q4k_x2(int C, const uint8_t *w, size_t tile, int nb, const sx_ac
         for (int c = 0; c < C; c++) acc[c] = _mm512_fmadd_ps(ndmin, sm[c], _mm512_fmadd_ps(d, sd[c], acc[c]));
     }
     for (int c = 0; c < C; c++) _mm512_storeu_ps(out + 16 * c, acc[c]);
-}
-
-SX_AI __m512i shift16z(__m512i x, int left) { /* 16-bit lanes by `left` (< 0: right); a constant */
-    return left > 0 ? _mm512_slli_epi16(x, left) : left < 0 ? _mm512_srli_epi16(x, -left) : x;
 }
 
 /* Q6_K over two tiles: kquant.c's tile_k6 (VNNI) in 16 lanes, the same integer sums, scale
@@ -192,11 +198,11 @@ SX_AI void tile_q6k_x2(int C, const uint8_t *w, size_t tile, int nb, const sx_ac
     for (int c = 0; c < C; c++) _mm512_storeu_ps(out + 16 * c, acc[c]);
 }
 
-/* Rows [r, r + 16) (two whole tiles) of a Q4_0, Q4_K or Q6_K matrix for all n activation rows, in
+/* Rows [r, r + 16) (two whole tiles) of a Q4_0, Q4_K, Q5_K or Q6_K matrix for all n activation rows, in
  * `passes` calls, each prefetching its share of the next 16 rows' tiles (which may lie past
  * this thread's chunk: it claims the next chunk next; never past the matrix). */
 void sx_x2_rows(const sx_mat *w, int r, int n, int cmax, int passes, const sx_act *act, float *y, int ys) {
-    const int q4k = w->type == SX_Q4_K, nb = w->cols / SX_QK, units = w->type == SX_Q4_0 ? nb : nb / 8;
+    const int nb = w->cols / SX_QK, units = w->type == SX_Q4_0 ? nb : nb / 8;
     const int n_tiles = (w->rows + SX_TILE - 1) / SX_TILE, t = r / SX_TILE;
     const size_t tile = sx_packed_bytes(w->type, SX_TILE, w->cols);
     const uint8_t *wt = (const uint8_t *)w->data + (size_t)t * tile;
@@ -212,10 +218,14 @@ void sx_x2_rows(const sx_mat *w, int r, int n, int cmax, int passes, const sx_ac
             if (C == 4) tile_q6k_x2(4, wt, tile, nb, act, o, out, &pf);
             else if (C == 2) tile_q6k_x2(2, wt, tile, nb, act, o, out, &pf);
             else tile_q6k_x2(1, wt, tile, nb, act, o, out, &pf);
-        } else if (q4k) {
-            if (C == 4) tile_q4k_x2(4, wt, tile, nb, act, o, out, &pf);
-            else if (C == 2) tile_q4k_x2(2, wt, tile, nb, act, o, out, &pf);
-            else tile_q4k_x2(1, wt, tile, nb, act, o, out, &pf);
+        } else if (w->type == SX_Q4_K) {
+            if (C == 4) tile_qk_x2(SX_Q4_K, 4, wt, tile, nb, act, o, out, &pf);
+            else if (C == 2) tile_qk_x2(SX_Q4_K, 2, wt, tile, nb, act, o, out, &pf);
+            else tile_qk_x2(SX_Q4_K, 1, wt, tile, nb, act, o, out, &pf);
+        } else if (w->type == SX_Q5_K) {
+            if (C == 4) tile_qk_x2(SX_Q5_K, 4, wt, tile, nb, act, o, out, &pf);
+            else if (C == 2) tile_qk_x2(SX_Q5_K, 2, wt, tile, nb, act, o, out, &pf);
+            else tile_qk_x2(SX_Q5_K, 1, wt, tile, nb, act, o, out, &pf);
         } else {
             if (C == 4) tile_q4_x2(4, wt, tile, nb, act, o, out, &pf);
             else if (C == 2) tile_q4_x2(2, wt, tile, nb, act, o, out, &pf);
