@@ -148,3 +148,35 @@ def test_a_vllm_worker_killed_mid_stream_is_recovered_like_any_worker(proc_farm,
     assert "taking back job" in farm.log("xpu")
     left = farm.wait_quiescent()
     assert left["leases"] == (0, 0) and left["entries"] == 0 and left["pending"] == 0, left
+
+
+def test_vllm_decodes_continue_cpu_prefills_from_their_kv(proc_farm, hf_folder):
+    """The other direction through the farm: a CPU worker takes the prefills, the dispatcher
+    (`decode_device: xpu`) sends every decode to the vLLM worker, and vLLM imports each KV blob
+    into its blocks instead of recomputing: the streamed text and tokens equal vLLM's own
+    greedy output, the first token is the CPU's, and nothing is left held."""
+    farm = _vllm_farm(proc_farm, hf_folder, decode_device="xpu")
+    farm.start_gateway()
+    both = {"device_class": "gpu", "engine": None, "args": ("--port", "0")}
+    farm.start_worker("xpu", "prefill,decode", **both)
+    farm.wait_registered(["xpu"], timeout=240)
+    farm.wait_healthy()
+    reference = _run(farm)  # vLLM alone: its own greedy output
+    farm.kill("xpu")
+
+    farm.start_worker("xpu2", "decode", **both)  # vLLM now only decodes
+    cpu_env = {"SYSHAX_QUANTIZE": "none"}  # float PyTorch: the same math as vLLM's float32
+    cpu_args = ("--device", "cpu", "--threads", "1", "--port", "0")
+    farm.start_worker("cpu", "prefill", "cpu", engine="model", args=cpu_args, env=cpu_env)
+    farm.wait_registered(["xpu2", "cpu"], timeout=240)
+    time.sleep(0.5)  # the CPU worker's view of its peers is cached for 0.25 s
+
+    moved = _run(farm)
+    for (ref_text, ref_tokens, _), (text, tokens, workers) in zip(reference, moved, strict=True):
+        assert workers[0] == "cpu" and set(workers[1:]) == {"xpu2"}, workers
+        assert tokens == ref_tokens
+        assert text == ref_text
+    assert "recomputing" not in farm.log("xpu2")  # every blob was imported
+    left = farm.wait_quiescent()
+    assert left["leases"] == (0, 0) and left["shm"] == [], left
+    assert left["entries"] == 0 and left["pending"] == 0 and left["busy"] == {}, left
