@@ -164,6 +164,24 @@ def use_vllm_in_process(cpu_kv_cache_gib: float | None) -> None:
         os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(cpu_kv_cache_gib)))
 
 
+# GOMP_SPINCOUNT for our processes: libgomp's threads spin this many pause iterations (about
+# 0.3-1 ms) for work before they sleep, instead of libgomp's 300,000. The kernels' barriers
+# inside a step wait far less than that, so a step is as fast; but between steps (the worker's
+# Python publishes tokens and schedules) the default spin kept a core busy for tens of ms,
+# taken from the gateway, Redis and the other workers sharing the host, and a spinning thread
+# preempted by them stalled the next step (docs/cpu-kernels.md, "Threads").
+GOMP_SPINCOUNT_DEFAULT = "10000"
+
+
+def use_short_omp_spin() -> None:
+    """Set libgomp's GOMP_SPINCOUNT (not ours, so not in ENV_VARS) to GOMP_SPINCOUNT_DEFAULT
+    unless the user set it or OMP_WAIT_POLICY. libgomp reads it once, when it loads: `syshax`
+    calls this before any command imports torch or the kernels, and the processes it starts
+    inherit it."""
+    if _raw("GOMP_SPINCOUNT") is None and _raw("OMP_WAIT_POLICY") is None:
+        os.environ["GOMP_SPINCOUNT"] = GOMP_SPINCOUNT_DEFAULT
+
+
 # name -> reader; also the list the docs describe.
 ENV_VARS: dict[str, Callable[[], Any]] = {
     "DEBUG": debug,

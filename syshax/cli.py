@@ -56,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from syshax.shared import env, logs
 
+    env.use_short_omp_spin()  # before anything loads libgomp (torch, the kernels)
     try:
         level = logs.start_level()
     except env.EnvError as exc:  # a clear message, not a traceback from every command
