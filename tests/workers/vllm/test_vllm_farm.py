@@ -72,19 +72,32 @@ def test_cpu_decodes_continue_vllm_prefills_with_vllm_greedy_output(proc_farm, h
     for text, _tokens, workers in reference:
         assert text and set(workers) == {"xpu"}, workers
 
-    cpu_env = {"SYSHAX_QUANTIZE": "none"}  # float PyTorch: the same math as vLLM's float32
-    cpu_args = ("--device", "cpu", "--threads", "1", "--port", "0")
-    farm.start_worker("cpu", "decode", "cpu", engine="model", args=cpu_args, env=cpu_env)
+    _start_float_cpu_worker(farm, "decode")
     farm.wait_registered(["cpu"], timeout=120)
     time.sleep(0.5)  # the xPU worker's view of its peers is cached for 0.25 s
 
-    handed = _run(farm)
-    for (ref_text, ref_tokens, _), (text, tokens, workers) in zip(reference, handed, strict=True):
-        assert workers[0] == "xpu" and set(workers[1:]) == {"cpu"}, workers
-        assert tokens == ref_tokens
-        assert text == ref_text
+    _assert_same_output(reference, _run(farm), first="xpu", rest="cpu")
     log = [d.decode() for d in farm.r.lrange(KEYS.dispatch_log, 0, -1)]
     assert sum(" cpu [decode_device] " in d for d in log) == len(QUESTIONS), log
+    _assert_nothing_left(farm)
+
+
+def _start_float_cpu_worker(farm, roles: str) -> None:
+    """The CPU worker "cpu" on float PyTorch (SYSHAX_QUANTIZE=none): vLLM's float32 math."""
+    cpu_args = ("--device", "cpu", "--threads", "1", "--port", "0")
+    farm.start_worker("cpu", roles, "cpu", engine="model", args=cpu_args, env={"SYSHAX_QUANTIZE": "none"})  # fmt: skip
+
+
+def _assert_same_output(reference, got, first: str, rest: str) -> None:
+    """Each stream's text and tokens equal the reference's; its first token came from worker
+    `first`, the others from `rest`."""
+    for (ref_text, ref_tokens, _), (text, tokens, workers) in zip(reference, got, strict=True):
+        assert workers[0] == first and set(workers[1:]) == {rest}, workers
+        assert tokens == ref_tokens
+        assert text == ref_text
+
+
+def _assert_nothing_left(farm) -> None:
     left = farm.wait_quiescent()
     assert left["leases"] == (0, 0) and left["shm"] == [], left
     assert left["entries"] == 0 and left["pending"] == 0 and left["busy"] == {}, left
@@ -165,18 +178,10 @@ def test_vllm_decodes_continue_cpu_prefills_from_their_kv(proc_farm, hf_folder):
     farm.kill("xpu")
 
     farm.start_worker("xpu2", "decode", **both)  # vLLM now only decodes
-    cpu_env = {"SYSHAX_QUANTIZE": "none"}  # float PyTorch: the same math as vLLM's float32
-    cpu_args = ("--device", "cpu", "--threads", "1", "--port", "0")
-    farm.start_worker("cpu", "prefill", "cpu", engine="model", args=cpu_args, env=cpu_env)
+    _start_float_cpu_worker(farm, "prefill")
     farm.wait_registered(["xpu2", "cpu"], timeout=240)
     time.sleep(0.5)  # the CPU worker's view of its peers is cached for 0.25 s
 
-    moved = _run(farm)
-    for (ref_text, ref_tokens, _), (text, tokens, workers) in zip(reference, moved, strict=True):
-        assert workers[0] == "cpu" and set(workers[1:]) == {"xpu2"}, workers
-        assert tokens == ref_tokens
-        assert text == ref_text
+    _assert_same_output(reference, _run(farm), first="cpu", rest="xpu2")
     assert "recomputing" not in farm.log("xpu2")  # every blob was imported
-    left = farm.wait_quiescent()
-    assert left["leases"] == (0, 0) and left["shm"] == [], left
-    assert left["entries"] == 0 and left["pending"] == 0 and left["busy"] == {}, left
+    _assert_nothing_left(farm)
