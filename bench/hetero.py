@@ -188,7 +188,7 @@ def farm_args(args: argparse.Namespace, mode: str) -> argparse.Namespace:
     from syshax.broker.embedded import free_port
 
     gpu_port, cpu_port = free_port(), free_port()
-    settings: dict[str, Any] = {"decode_device": mode, "cpu_max_batch_size": args.cpu_slots, "gpu": {"engine": "emulated", "profile": args.profile, "max_batch_size": args.xpu_slots, "port": gpu_port}, "cpu": {"port": cpu_port, "threads": args.cpu_threads}, "slo": {"itl_ms": args.slo_itl_ms}}  # fmt: skip
+    settings: dict[str, Any] = {"decode_device": mode, "cpu_max_batch_size": args.cpu_slots, "gpu": {"engine": "emulated", "profile": args.profile, "max_batch_size": args.xpu_slots, "port": gpu_port}, "cpu": {"port": cpu_port, "threads": args.cpu_threads, **({} if args.cpu_nice is None else {"nice": args.cpu_nice})}, "slo": {"itl_ms": args.slo_itl_ms}}  # fmt: skip
     ns = argparse.Namespace(**vars(args))
     ns.__dict__.update(launch="emulated", farm_settings=settings, max_batch_size=None, threads=None, against=None, model=None, api_key="unused", goodput=None, max_concurrency=None, metrics_url=f"http://127.0.0.1:{gpu_port}/metrics")  # fmt: skip
     return ns
@@ -311,6 +311,7 @@ OPTIONS: list[tuple[str, dict[str, Any]]] = [
     ("--xpu-slots", {"type": int, "default": 4, "help": "gpu.max_batch_size: streams the EMULATED xPU runs at once; levels above it saturate it (default %(default)s)"}),
     ("--cpu-slots", {"type": int, "default": 8, "help": "cpu_max_batch_size: streams per CPU decode worker (default %(default)s)"}),
     ("--cpu-threads", {"type": int, "help": "cpu.threads of each CPU decode worker (default: syshax's, half the cores)"}),
+    ("--cpu-nice", {"type": int, "help": "cpu.nice of the CPU decode workers, 0-19 (default: syshax's, 10)"}),
     ("--capacity-levels", {"type": _ints, "metavar": "C,C,...", "help": "levels of the CPU capacity run (default: 1, 2, 4, ... up to the CPU workers' slots)"}),
     ("--capacity-stat", {"choices": ("p50", "p99"), "default": "p99", "help": "ITL statistic the CPU capacity keeps within the SLO (default %(default)s)"}),
     ("--num-prompts", {"type": int, "default": 32, "help": "fewest requests per level (default %(default)s)"}),
@@ -326,8 +327,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for flag, kwargs in [o for o in serve.OPTIONS if o[0] in SERVE_OPTIONS] + OPTIONS:
         p.add_argument(flag, **kwargs)
     args = p.parse_args(argv)
-    if min(args.input_len, args.output_len, args.num_prompts, args.rounds, args.xpu_slots, args.cpu_slots, args.cpu_threads or 1) < 1 or args.slo_itl_ms <= 0:  # fmt: skip
-        p.error("lengths, counts and slots must be >= 1, --slo-itl-ms > 0")
+    if min(args.input_len, args.output_len, args.num_prompts, args.rounds, args.xpu_slots, args.cpu_slots, args.cpu_threads or 1) < 1 or not 0 <= (args.cpu_nice or 0) <= 19 or args.slo_itl_ms <= 0:  # fmt: skip
+        p.error("lengths, counts and slots must be >= 1, --cpu-nice 0-19, --slo-itl-ms > 0")
     if not args.capacity_levels:
         top = args.cpu_slots * (args.cpu_workers or 1)
         args.capacity_levels = sorted({min(2**i, top) for i in range(top.bit_length() + 1)})
@@ -350,7 +351,7 @@ def main(argv: list[str] | None = None) -> None:
         f"Command: `{shlex.join(['python', *sys.argv])}`",
         "",
         f"**The xPU is EMULATED** (gpu.engine: emulated, profile {args.profile}): no accelerator ran; each xPU step slept for the time the profile predicts for this model, and its text is meaningless. The CPU decode workers are real.",  # fmt: skip
-        f"Farm: xPU {args.xpu_slots} slots (predicted decode step at {args.xpu_slots} streams: {f'{step:.2f} ms' if step else '?'}, so it saturates above {args.xpu_slots} streams), {args.cpu_workers or 1} CPU decode worker(s) x {args.cpu_slots} slots, cpu.threads {args.cpu_threads or 'default'}, slo.itl_ms {args.slo_itl_ms:g} (auto only). Closed loop, {args.input_len} prompt tokens, {args.output_len} output tokens (ignore_eos), requests per level max({args.num_prompts}, {args.rounds} x level).",  # fmt: skip
+        f"Farm: xPU {args.xpu_slots} slots (predicted decode step at {args.xpu_slots} streams: {f'{step:.2f} ms' if step else '?'}, so it saturates above {args.xpu_slots} streams), {args.cpu_workers or 1} CPU decode worker(s) x {args.cpu_slots} slots, cpu.threads {args.cpu_threads or 'default'}, cpu.nice {'default' if args.cpu_nice is None else args.cpu_nice}, slo.itl_ms {args.slo_itl_ms:g} (auto only). Closed loop, {args.input_len} prompt tokens, {args.output_len} output tokens (ignore_eos), requests per level max({args.num_prompts}, {args.rounds} x level).",  # fmt: skip
     ]
     res = {"cpu": run_mode(args, "cpu", args.capacity_levels, prompts, warm)}
     res |= {mode: run_mode(args, mode, args.levels, prompts, warm) for mode in ("xpu", "auto")}

@@ -21,6 +21,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError, ResponseError
 
+from . import itl_tails
 from .keys import KEYS, Keys
 from .liveness import is_alive
 from .request_info import RequestInfo
@@ -131,6 +132,17 @@ class BrokerClient:
         if dead:
             await self.redis.srem(self.keys.workers, *dead)
         return alive
+
+    async def publish_itl_tails(self, source: str, tails: dict[str, tuple[float, int]]) -> None:
+        """This gateway's delivered tail per device class (broker/itl_tails.py)."""
+        if not tails:
+            return
+        now = time.time()
+        fields = {f"{cls}:{source}": itl_tails.pack(r, n, now) for cls, (r, n) in tails.items()}
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hset(self.keys.itl_tails, mapping=fields)
+        pipe.pexpire(self.keys.itl_tails, itl_tails.TTL_MS)
+        await pipe.execute()
 
     async def ping(self) -> None:
         await self.redis.ping()

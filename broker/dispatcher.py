@@ -10,6 +10,9 @@ the workers' heartbeats and the decode streams. The policy, in order:
    its predicted inter-token latency with one more stream stays within the SLO; else the CPU
    takes it if it has room and its prediction stays within the SLO; else it queues on the
    xPU's stream (its worker takes jobs only as slots free up), so no CPU stream passes the SLO.
+   A CPU worker whose slot frees up takes such a queued job while the xPU has no room for it
+   and the CPU's prediction with one more stream stays within the SLO (`take_queued`): the
+   queue drains into whichever class frees a slot first, not only into the xPU.
    A prediction is the class's fitted step time (`base + rows * per_row`, from each worker's
    recent steps) at the rows one of its workers would run with one more stream; a class with
    no measurement yet is trusted with the job (its first steps measure it).
@@ -27,6 +30,7 @@ and the reason in words with its numbers (`Decision.reason`: the dispatch log).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -46,9 +50,13 @@ class DeviceLoad:
     # Step time of one worker: base + rows * per_row seconds (None = not measured yet); with
     # several workers, the slowest one's (a stream may land on any of them).
     step_model: tuple[float, float] | None = None
-    # Slow steps / the model's prediction (95th percentile of the recent steps, >= 1): the
-    # SLO rule predicts a stream's tail latency, not its mean (its streams' p99 is the bar).
+    # Slow steps / the model's prediction (99th percentile of the recent gaps between a
+    # worker's token events, >= 1): the SLO rule predicts a stream's tail latency, not its
+    # mean (its streams' p99 is the bar).
     step_tail: float = 1.0
+    # p99 / p50 of the gaps the gateways delivered for this class (broker/itl_tails.py, >= 1;
+    # 1.0 = none published): the tail added on the way from the worker to the client.
+    delivered_tail: float = 1.0
 
     @property
     def load(self) -> int:
@@ -60,12 +68,13 @@ class DeviceLoad:
     def predicted_itl(self, extra: int = 1, tail: bool = False) -> float | None:
         """Seconds between tokens a stream would see with `extra` more streams here (None =
         no measurement): the streams spread over the workers, each worker steps its share.
-        `tail`: the slow steps' latency (times `step_tail`) instead of the typical one."""
+        `tail`: the slow steps' latency instead of the typical one: times the larger of the
+        workers' tail (`step_tail`) and the one the gateways delivered (`delivered_tail`)."""
         if self.step_model is None:
             return None
         rows = math.ceil((self.load + extra) / max(self.workers, 1))
         base, per_row = self.step_model
-        return (base + per_row * rows) * (self.step_tail if tail else 1.0)
+        return (base + per_row * rows) * (max(self.step_tail, self.delivered_tail) if tail else 1.0)
 
     def per_sequence_tps(self) -> float:
         """Tokens/s one more sequence would get on this class (0 = unknown).
@@ -87,6 +96,7 @@ RULES = (
     "no_xpu_decoder",  # no live xPU decode worker
     "slo",  # the SLO rule: the first class that keeps slo_itl_s with one more stream
     "slo_queue",  # the SLO rule: no class keeps it, the job waits on the xPU's stream
+    "slo_take",  # the SLO rule: a CPU worker took a job queued on the full xPU's stream
     "capacity",  # one class (or both) at capacity
     "speed",  # both have room: the class that finishes the job first
     "balance",  # both have room, no speed measured: the less loaded class
@@ -123,11 +133,30 @@ class Dispatcher:
         self.history = (self.history + [decision])[-100:]
         return decision
 
+    def take_queued(self, gpu: DeviceLoad, cpu: DeviceLoad) -> Decision | None:
+        """Rule 2's queue seen from a CPU worker with a free slot: take one decode queued on
+        the xPU's stream (None = leave it there). Only under the SLO rule with decode_device
+        auto, only while the xPU has no room for what waits (else its worker takes it next),
+        and only while the CPU keeps the SLO with one more stream (an unmeasured CPU: while
+        it runs nothing)."""
+        if self.slo_itl_s is None or self.decode_device != "auto" or not self.auto_pd_offload:
+            return None
+        if gpu.workers == 0 or gpu.load <= gpu.capacity:
+            return None
+        cpu = self._cap_cpu(cpu)
+        itl = cpu.predicted_itl(tail=True)
+        within = cpu.load == 0 if itl is None else itl <= self.slo_itl_s
+        if not cpu.has_room() or not within:
+            return None
+        slo_ms = self.slo_itl_s * 1e3
+        why = f"taken from the full xPU's queue ({gpu.load}/{gpu.capacity}): CPU within the SLO ({_ms(itl)} <= {slo_ms:.0f} ms)"  # fmt: skip
+        decision = Decision(CPU, why, "slo_take")
+        self.history = (self.history + [decision])[-100:]
+        return decision
+
     def _cap_cpu(self, cpu: DeviceLoad) -> DeviceLoad:
         cap = min(cpu.capacity, self.cpu_max_batch_size * max(cpu.workers, 1))
-        return DeviceLoad(
-            cpu.workers, cap, cpu.running, cpu.queued, cpu.decode_tps, cpu.step_model, cpu.step_tail
-        )
+        return dataclasses.replace(cpu, capacity=cap)
 
     def _choose(self, gpu: DeviceLoad, cpu: DeviceLoad, tokens: int) -> Decision:
         if not self.auto_pd_offload:

@@ -97,6 +97,12 @@ class Keys:
     def dispatch_count(self, device_class: str) -> str:
         return f"{self.prefix}:dispatch:count:{device_class}"
 
+    @property
+    def itl_tails(self) -> str:
+        """Hash of the gateways' delivered inter-token latency tails per device class
+        (broker/itl_tails.py): what the dispatcher's SLO rule must keep."""
+        return f"{self.prefix}:itl:tails"
+
     # ---- offline batches (rq jobs; see batch/jobs.py, docs/batch.md) ----
     @property
     def batch_queue(self) -> str:

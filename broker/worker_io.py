@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import redis
 
+from . import itl_tails
 from .keys import KEYS, Keys
 from .liveness import HEARTBEAT_TTL, is_alive
 from .schemas import SchemaError, TokenEvent
@@ -369,7 +370,12 @@ def device_loads(r: redis.Redis, workers: list[dict[str, str]], keys: Keys = KEY
         pipe.xpending(stream, keys.decode_group)
     pipe.xlen(keys.prefill_stream)
     pipe.xpending(keys.prefill_stream, keys.prefill_group)
+    pipe.hgetall(keys.itl_tails)
     replies = pipe.execute(raise_on_error=False)
+    delivered = replies[-1] if isinstance(replies[-1], dict) else {}
+    for cls, ratio in itl_tails.fresh(delivered, time.time()).items():
+        if cls in loads:
+            loads[cls].delivered_tail = ratio
 
     def waiting(i: int) -> tuple[int, int]:
         length, pending = replies[2 * i], replies[2 * i + 1]

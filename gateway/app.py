@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import socket
 import time
 from contextlib import asynccontextmanager
 from typing import Any
@@ -47,6 +49,9 @@ def make_redis(url: str) -> aioredis.Redis:
     )
 
 
+ITL_TAILS_EVERY_S = 1.0  # how often a gateway publishes its delivered tails
+
+
 class Gateway:
     """Everything a request handler needs; one per app (app.state.gateway)."""
 
@@ -61,13 +66,36 @@ class Gateway:
         self.redis: Any = None
         self.broker: BrokerClient | None = None
         self.tasks: set[asyncio.Task[Any]] = set()
+        self._tails_task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         self.redis = self._given_redis or make_redis(self.settings.redis_url)
         s = self.settings
         self.broker = BrokerClient(self.redis, self.keys, s.output_ttl, s.poll_interval)
+        self._tails_task = asyncio.get_running_loop().create_task(self._publish_itl_tails())
+
+    async def _publish_itl_tails(self) -> None:
+        """Each second: the tails this gateway delivered per device class, for the dispatcher's
+        SLO rule (broker/itl_tails.py). Redis being down only skips a second."""
+        source = f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
+        while True:
+            await asyncio.sleep(ITL_TAILS_EVERY_S)
+            try:
+                assert self.broker is not None
+                workers = await self.broker.workers()
+                classes = {w["id"]: w.get("device_class", "") for w in workers if "id" in w}
+                tails = self.metrics.itl_tails.tails(classes, time.monotonic())
+                await self.broker.publish_itl_tails(source, tails)
+            except REDIS_DOWN:
+                continue
+            except Exception:  # noqa: BLE001 - a bad heartbeat must not stop the publishing
+                log.exception("publishing the delivered ITL tails failed")
 
     async def stop(self) -> None:
+        if self._tails_task is not None:
+            self._tails_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._tails_task
         if self.tasks:  # disconnected streams waiting out their grace period
             await asyncio.wait(list(self.tasks), timeout=self.settings.disconnect_grace + 2)
         if self.broker is not None:

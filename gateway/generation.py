@@ -202,7 +202,7 @@ class Generation:
                 self.first_token_at = now
                 self.metrics.ttft.observe(now - self.arrival)
             if c.last_at:
-                self.metrics.itl.observe(now - c.last_at)
+                self.metrics.token_gap(event.worker, now - c.last_at, now)
             c.last_at = now
         c.text.append(event.text)
         if event.error is not None:

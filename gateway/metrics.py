@@ -15,6 +15,8 @@ from prometheus_client import (
     generate_latest,
 )
 
+from .itl_tails import ItlTails
+
 _LATENCY_BUCKETS = (
     0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
     2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0,
@@ -75,6 +77,7 @@ class Metrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+        self.itl_tails = ItlTails()  # the same gaps per worker: the SLO rule's delivered tail
         self.itl = Histogram(
             "syshax:inter_token_latency_seconds",
             "Time between consecutive tokens of a choice, as seen by the gateway.",
@@ -93,6 +96,11 @@ class Metrics:
         self.generation_tokens = Counter(
             "syshax:generation_tokens", "Tokens generated for finished requests.", registry=r
         )
+
+    def token_gap(self, worker: str, gap: float, now: float) -> None:
+        """A choice's token reached the gateway `gap` seconds after its previous one."""
+        self.itl.observe(gap)
+        self.itl_tails.add(worker, gap, now)
 
     def request_done(self, endpoint: str, status: int) -> None:
         self.requests.labels(endpoint=endpoint, status=str(status)).inc()

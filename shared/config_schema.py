@@ -199,6 +199,12 @@ class CpuConfig(_Section):
         ge=1,
         description="torch threads per CPU decode worker; null = half the cores (min 1)",
     )
+    nice: int = Field(
+        10,
+        ge=0,
+        le=19,
+        description="scheduling niceness of the CPU decode workers (0-19): where they share cores with the xPU worker, the gateway and Redis, those run first, since a late xPU step stalls every stream on the xPU; 0 = the same priority as the rest of the farm",
+    )
 
 
 class SloConfig(_Section):

@@ -19,20 +19,26 @@ from syshax.broker.worker_io import device_loads, record_dispatch
 from .engine.errors import EngineError
 
 if TYPE_CHECKING:
+    from syshax.broker.worker_io import Entry
+
     from .worker import Job, Worker
 
 log = logging.getLogger(__name__)
+
+
+def _loads_now(worker: Worker) -> dict:
+    """Both classes' DeviceLoad: our own numbers live, the others' from their heartbeats."""
+    static = worker.heartbeat.static
+    me = {**static, **{k: str(v) for k, v in worker.load_fields().items()}}
+    others = [w for w in worker.peers() if w.get("id") != worker.opts.worker_id]
+    return device_loads(worker.r, [*others, me], worker.keys)
 
 
 def decide(worker: Worker, job: Job) -> Decision:
     """Ask the dispatcher (and record its answer) for a sequence just prefilled here."""
     generated = len(worker.engine.output_ids(job.request_id))
     remaining = (job.params.max_tokens or worker.engine.max_model_len) - generated
-    # Our own numbers live, the others' from their heartbeats.
-    static = worker.heartbeat.static
-    me = {**static, **{k: str(v) for k, v in worker.load_fields().items()}}
-    others = [w for w in worker.peers() if w.get("id") != worker.opts.worker_id]
-    loads = device_loads(worker.r, [*others, me], worker.keys)
+    loads = _loads_now(worker)
     # This sequence already holds one of our slots (it was just prefilled here): counted in
     # our class's load, it would be counted twice as "one more stream", and a class exactly
     # full with it would look over capacity and send it away. (A prefill-only worker's load
@@ -41,11 +47,28 @@ def decide(worker: Worker, job: Job) -> Decision:
     if own is not None and "decode" in worker.opts.roles:
         own.running = max(own.running - 1, 0)
     decision = worker.dispatcher.choose(loads["gpu"], loads["cpu"], remaining)
-    _record(worker, job, decision)
+    _record(worker, job.request_id, decision)
     return decision
 
 
-def send(worker: Worker, job: Job, device_class: str) -> None:
+def take_queued(worker: Worker) -> list[Entry]:
+    """A CPU decode worker with a free slot: one decode job queued on the full xPU's stream,
+    if the dispatcher's SLO rule lets the CPU take it (`Dispatcher.take_queued`), else none.
+    The job's KV was exported when it was queued, so it is imported here like any handoff."""
+    d = worker.dispatcher
+    if worker.stranded is None or worker.opts.device_class != "cpu" or d.slo_itl_s is None:
+        return []
+    loads = _loads_now(worker)
+    decision = d.take_queued(loads["gpu"], loads["cpu"])
+    if decision is None:
+        return []
+    entries = worker.stranded.read(1, None)
+    if entries:
+        _record(worker, entries[0].entry_id, decision)
+    return entries
+
+
+def send(worker: Worker, job: Job, device_class: str, rule: str = "") -> None:
     """Export the sequence's KV and queue its decode job on `device_class`'s stream."""
     rid = job.request_id
     engine = worker.engine
@@ -59,7 +82,9 @@ def send(worker: Worker, job: Job, device_class: str) -> None:
         log.warning("KV export of %s failed (%s); its decoder recomputes it", rid, exc)
     else:
         worker.metrics.kv_exports.inc()
-        store = _store_for(worker, device_class)
+        # A job queued on the full xPU may still be taken by a CPU worker (`take_queued`):
+        # its KV must be where both classes' decoders can read it.
+        store = _store_for(worker, {device_class, "cpu"} if rule == "slo_queue" else {device_class})
         kv = worker.kv.put(blob, engine.describe_kv(blob), rid, store).__dict__.copy()
     msg = job.msg
     decode = DecodeJob(
@@ -77,21 +102,19 @@ def send(worker: Worker, job: Job, device_class: str) -> None:
     worker.queues.hand_over(job.entry, worker.keys.decode_stream(device_class), decode.pack())
 
 
-def _store_for(worker: Worker, device_class: str) -> str:
+def _store_for(worker: Worker, device_classes: set[str]) -> str:
     if worker.opts.kv_store != "auto":
         return worker.opts.kv_store
     hosts = {
         w.get("host")
         for w in worker.peers()
-        if w.get("device_class") == device_class and "decode" in w.get("roles", "")
+        if w.get("device_class") in device_classes and "decode" in w.get("roles", "")
     }
     return "shm" if hosts <= {worker.heartbeat.static["host"]} else "redis"
 
 
-def _record(worker: Worker, job: Job, decision: Decision) -> None:
+def _record(worker: Worker, what: str, decision: Decision) -> None:
     record_dispatch(worker.r, decision.device, decision.reason, worker.keys, decision.rule)
     labels = worker.metrics.labels
     worker.metrics.dispatch.labels(**labels, device=decision.device, rule=decision.rule).inc()
-    log.debug(
-        "dispatch %s -> %s [%s] %s", job.request_id, decision.device, decision.rule, decision.reason
-    )
+    log.debug("dispatch %s -> %s [%s] %s", what, decision.device, decision.rule, decision.reason)

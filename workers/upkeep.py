@@ -25,9 +25,18 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+# A worker whose streams came or went beats again this soon, not a whole heartbeat later: the
+# dispatcher reads its slots from the heartbeat, and a CPU worker whose streams just ended
+# looked full for up to a second (a third of a 128-token stream's life on 2 cores).
+LOAD_BEAT_S = 0.05
+
+
 def on_timers(worker: Worker, now: float) -> None:
     timers, opts = worker.timers, worker.opts
-    if now >= timers["heartbeat"]:
+    due = now >= timers["heartbeat"]
+    if not due and worker.slots_held() != worker.beaten_slots:
+        due = now - timers["heartbeat"] + opts.heartbeat_s >= LOAD_BEAT_S
+    if due:
         timers["heartbeat"] = now + opts.heartbeat_s
         _beat(worker)
     if now >= timers["claim"] and not worker.draining:
@@ -47,6 +56,7 @@ def on_timers(worker: Worker, now: float) -> None:
 def _beat(worker: Worker) -> None:
     fields = worker.load_fields()
     worker.heartbeat.beat(**fields)
+    worker.beaten_slots = fields["running"] + fields["waiting"]
     m, stats = worker.metrics, worker.engine.stats
     m.running.set(fields["running"])
     m.waiting.set(fields["waiting"])

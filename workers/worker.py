@@ -45,6 +45,7 @@ from syshax.broker.worker_io import (
 from syshax.shared.sampling import SamplingError, SamplingParams
 
 from . import handoff, upkeep
+from .engine.outputs import EngineStats, TokenCadence
 from .engine.protocol import EngineProtocol
 from .metrics import WorkerMetrics
 
@@ -55,16 +56,18 @@ log = logging.getLogger(__name__)
 POLL_INTERVAL_S = 0.005
 
 
-def _step_fields(stats) -> dict[str, float]:
-    """The step-time model and its tail in the heartbeat (ms; absent before the first decode
-    step): what the dispatcher predicts an inter-token latency from (`DeviceLoad`)."""
-    model = stats.step_time_model()
+def _step_fields(stats: EngineStats, cadence: TokenCadence) -> dict[str, float]:
+    """The inter-token latency model and its tail in the heartbeat (ms; absent before the
+    first decode step): what the dispatcher predicts from (`DeviceLoad`). The gaps between
+    the worker's token events once it has a few, else the engine's step times."""
+    times = cadence.gaps if len(cadence.gaps) >= 8 else stats.steps
+    model = times.model()
     if model is None:
         return {}
     return {
         "step_base_ms": round(model[0] * 1e3, 3),
         "step_row_ms": round(model[1] * 1e3, 4),
-        "step_tail": round(stats.step_tail(model), 3),
+        "step_tail": round(times.tail(model), 3),
     }
 
 
@@ -147,6 +150,8 @@ class Worker:
         self.draining = False
         self.prompt_tokens_seen = 0
         self._last_poll = 0.0
+        self.cadence = TokenCadence()
+        self.beaten_slots = 0  # slots_held() at the last heartbeat (upkeep.LOAD_BEAT_S)
         self.timers = {"heartbeat": 0.0, "claim": 0.0, "sweep": 0.0}
         self._workers_cache: tuple[float, list[dict]] = (0.0, [])
 
@@ -170,6 +175,8 @@ class Worker:
         self._expire()
         if self.engine.has_unfinished():
             self._step()
+        else:
+            self.cadence.idle()
         upkeep.on_timers(self, time.monotonic())
 
     def _take(self, free: int, idle: bool) -> list[Entry]:
@@ -181,6 +188,8 @@ class Worker:
         entries = self.queues.read(free, None)
         if self.batch_queue is not None and free - len(entries) > 0 and not entries:
             entries = self.batch_queue.read(free, None)
+        if not entries and free > 0:
+            entries = handoff.take_queued(self)  # a CPU slot for a job waiting on the xPU
         if not entries and idle:
             # Nothing anywhere: block on every stream. Both were just seen empty, so whatever
             # arrives first is served first; priority only matters while work waits.
@@ -188,8 +197,12 @@ class Worker:
         return entries
 
     def free_slots(self) -> int:
+        return self.engine.num_slots - self.slots_held()
+
+    def slots_held(self) -> int:
+        """Sequences running or waiting here (the heartbeat's running + waiting)."""
         e = self.engine
-        return e.num_slots - e.num_running - e.num_waiting - len(self.backlog)
+        return e.num_running + e.num_waiting + len(self.backlog)
 
     def load_fields(self) -> dict:
         e = self.engine
@@ -203,7 +216,7 @@ class Worker:
             "kv_blocks_held": e.kv_blocks[1] - e.kv_blocks[0],
             "kv_blocks": e.kv_blocks[1],
             "decode_tps": round(e.stats.recent_decode_tps, 2),
-            **_step_fields(e.stats),
+            **_step_fields(e.stats, self.cadence),
             "model": self.opts.served_model,
             "draining": int(self.draining),
         }
@@ -304,6 +317,8 @@ class Worker:
     # ---- stepping -----------------------------------------------------------------------
 
     def _step(self) -> None:
+        stats = self.engine.stats
+        decode_steps = stats.decode_steps
         try:
             outs = self.engine.step()
         except Exception as exc:  # noqa: BLE001 - the worker must survive an engine failure
@@ -331,6 +346,8 @@ class Worker:
                 )
             )
         self.publisher.publish(events)  # the first token goes out before any KV handoff
+        rows = stats.steps.samples[-1][0] if stats.decode_steps > decode_steps else None
+        self.cadence.published(rows, time.monotonic())
         self.metrics.generation_tokens.inc(len(outs))
         for o in outs:
             job = self.jobs.get(o.request_id)
@@ -346,7 +363,7 @@ class Worker:
         if decision.device == self.opts.device_class and "decode" in self.opts.roles:
             job.in_process = True
             return
-        handoff.send(self, job, decision.device)
+        handoff.send(self, job, decision.device, decision.rule)
         self.jobs.pop(job.request_id, None)
 
     # ---- endings ------------------------------------------------------------------------

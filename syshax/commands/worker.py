@@ -297,6 +297,10 @@ def run(args: argparse.Namespace) -> int:
     except (EnvError, AffinityError, EngineError) as exc:
         log.error("%s", exc)
         return 2
+    if cls == "cpu" and cfg.cpu.nice:
+        # Below the farm's other processes: on shared cores the xPU worker's loop waits for
+        # a kernel thread's time slice otherwise, and every xPU stream's step with it.
+        os.nice(cfg.cpu.nice)
     if device == "cpu" and args.engine == "model":
         import torch
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from syshax.broker.keys import KEYS
 from syshax.broker.worker_io import device_loads
@@ -35,3 +37,16 @@ def test_prompts_waiting_for_a_prefill_count_on_the_prefilling_class(r):
     loads = device_loads(r, workers, KEYS)
     assert loads["gpu"].queued == 2, "two prompts wait for an xPU slot"
     assert loads["cpu"].queued == 0
+
+
+def test_the_gateways_delivered_tail_raises_the_predicted_tail(r):
+    from syshax.broker import itl_tails
+
+    workers = [_worker("cpu", step_base_ms="20", step_row_ms="10", step_tail="1.2")]
+    r.hset(KEYS.itl_tails, "cpu:gw", itl_tails.pack(2.0, 400, time.time()))
+    cpu = device_loads(r, workers, KEYS)["cpu"]
+    assert cpu.delivered_tail == 2.0 and cpu.step_tail == 1.2
+    assert cpu.predicted_itl(tail=True) == pytest.approx(2.0 * 0.040)  # 2 streams: 20 + 20 ms
+    assert cpu.predicted_itl() == pytest.approx(0.040)
+    r.hset(KEYS.itl_tails, "cpu:gw", itl_tails.pack(2.0, 400, time.time() - 60))  # stopped
+    assert device_loads(r, workers, KEYS)["cpu"].delivered_tail == 1.0

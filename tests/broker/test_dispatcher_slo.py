@@ -3,7 +3,8 @@ CPU only while its predicted latency with one more stream stays within it, the r
 
 import pytest
 from syshax.broker.dispatcher import CPU, GPU, RULES, DeviceLoad, Dispatcher
-from syshax.workers.engine.outputs import EngineStats
+from syshax.workers.engine.outputs import EngineStats, TokenCadence
+from syshax.workers.worker import _step_fields
 
 # A CPU worker stepping n streams in 20 + 10 n ms; an xPU in 15 + 0.2 n ms.
 CPU_STEPS = (0.020, 0.010)
@@ -112,6 +113,42 @@ def test_step_tail_is_how_much_slower_the_slow_steps_run():
     assert 1.5 < stats.step_tail(model) < 2.0
 
 
+def test_step_tail_reads_the_p99_the_slo_bar_reads():
+    stats = EngineStats()
+    for i in range(100):  # two steps in a hundred take three times the model's time
+        stats.record(0, 2, 0.120 if i % 50 == 0 else 0.040)
+    model = stats.step_time_model()
+    assert stats.step_tail(model) == pytest.approx(0.120 / (model[0] + 2 * model[1]))
+    assert stats.step_tail(model, quantile=0.95) < 1.1, "at p95 the slow steps do not show"
+
+
+def test_the_cadence_is_the_gap_between_token_events_while_decoding():
+    c = TokenCadence()
+    c.published(4, 10.000)  # the first event of a run: no gap yet
+    c.published(4, 10.030)
+    c.published(5, 10.065)
+    assert list(c.gaps.samples) == [(4, pytest.approx(0.030)), (5, pytest.approx(0.035))]
+    c.idle()  # nothing ran in between: the next gap is not an inter-token latency
+    c.published(2, 11.000)
+    c.published(None, 11.010)  # a step without decode rows ends the run too
+    c.published(2, 11.030)
+    assert len(c.gaps) == 2
+
+
+def test_the_heartbeat_predicts_from_the_cadence_once_it_has_eight_gaps():
+    """The engine steps take 20 ms; the worker's loop adds 10 ms around each. The dispatcher
+    sees the engine's steps until eight gaps were seen, then the gaps: what a stream gets."""
+    stats, cadence = EngineStats(), TokenCadence()
+    for _ in range(10):
+        stats.record(0, 4, 0.020)
+    assert _step_fields(stats, cadence)["step_base_ms"] == pytest.approx(10.0)
+    for i in range(9):
+        cadence.published(4, i * 0.030)
+    fields = _step_fields(stats, cadence)
+    assert fields["step_base_ms"] + 4 * fields["step_row_ms"] == pytest.approx(30.0)
+    assert fields["step_tail"] == pytest.approx(1.0)
+
+
 def test_the_slo_rule_admits_cpu_streams_by_their_tail_latency():
     d = slo(50)
     gpu = DeviceLoad(workers=1, capacity=4, running=4, step_model=GPU_STEPS)  # full
@@ -149,3 +186,25 @@ def test_a_bad_decode_device_or_slo_is_refused():
         Dispatcher(decode_device="gpu")
     with pytest.raises(ValueError, match="slo_itl_s"):
         Dispatcher(slo_itl_s=0)
+
+
+def test_a_cpu_with_a_free_slot_takes_a_job_queued_on_the_full_xpu_within_the_slo():
+    d = slo(50)
+    full = DeviceLoad(workers=1, capacity=4, running=4, queued=2, step_model=GPU_STEPS)
+    cpu = DeviceLoad(workers=1, capacity=8, running=1, step_model=CPU_STEPS)  # 40 ms with one more
+    take = d.take_queued(full, cpu)
+    assert take is not None and take.device == CPU and take.rule == "slo_take" in RULES
+    assert (
+        "taken from the full xPU's queue (6/4): CPU within the SLO (40 ms <= 50 ms)" in take.reason
+    )
+    # The xPU has room for what waits: its worker takes it next.
+    assert d.take_queued(DeviceLoad(workers=1, capacity=4, running=2, queued=2), cpu) is None
+    # One more stream would take the CPU past the SLO, or the CPU is full.
+    assert d.take_queued(full, DeviceLoad(workers=1, capacity=8, running=3, step_model=CPU_STEPS)) is None  # fmt: skip
+    assert d.take_queued(full, DeviceLoad(workers=1, capacity=1, running=1)) is None
+    # Unmeasured: one stream at a time, as the prefill-time rule probes it.
+    assert d.take_queued(full, DeviceLoad(workers=1, capacity=8)) is not None
+    assert d.take_queued(full, DeviceLoad(workers=1, capacity=8, running=1)) is None
+    # Only the SLO rule with decode_device auto queues on the xPU for the CPU to take.
+    assert Dispatcher().take_queued(full, cpu) is None
+    assert slo(50, decode_device="xpu").take_queued(full, cpu) is None

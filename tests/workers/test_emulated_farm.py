@@ -8,6 +8,7 @@ comes from the prefill worker, the others from the worker that decoded."""
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 import uuid
@@ -81,6 +82,10 @@ def test_the_slo_and_decode_device_decide_between_an_emulated_xpu_and_a_real_cpu
     # engine None: the xPU class follows gpu.engine (emulated); the CPU worker runs the model.
     farm.start_worker("xpu-a", "prefill,decode", "gpu", engine=None, args=("--port", str(port_a)))
     farm.wait_registered(["xpu-a"], timeout=120)
+    # cpu.nice (default 10): the CPU decode worker yields the shared cores to the xPU worker.
+    ours = os.getpriority(os.PRIO_PROCESS, 0)
+    assert os.getpriority(os.PRIO_PROCESS, farm.procs["cpu"].pid) == min(ours + 10, 19)
+    assert os.getpriority(os.PRIO_PROCESS, farm.procs["xpu-a"].pid) == ours
     assert farm.r.hget(KEYS.worker("xpu-a"), "device") == b"emulated:h100"
     prompts = [tokenizer.encode(f"Request {i}: count to ten.") for i in range(4)]
     for events in _run(farm, prompts).values():

@@ -21,6 +21,79 @@ class StepOutput:
         return self.finish_reason is not None
 
 
+class StepTimes:
+    """(rows, seconds) of recent steps and the inter-token latency they predict: a line
+    `base + per_row x rows` fitted to them, and how much slower than that line the slow ones
+    run. The engine keeps one for its steps alone; the worker keeps one for the gap between
+    the token events it publishes (the step plus everything its loop does around it), which
+    is what a stream sees."""
+
+    def __init__(self, maxlen: int = 128) -> None:
+        self.samples: deque[tuple[int, float]] = deque(maxlen=maxlen)
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def add(self, rows: int, seconds: float) -> None:
+        self.samples.append((rows, seconds))
+
+    def model(self) -> tuple[float, float] | None:
+        """(base seconds, seconds per row): the inter-token latency a batch of n streams gets
+        is base + n * per_row (None before any sample).
+
+        Least squares when at least two batch sizes were seen. With one size b, half of the
+        measured step is assumed to grow with the rows (per_row = step / 2b): between a GPU's
+        nearly flat curve and a CPU's nearly proportional one, so the first prediction for
+        one more stream is neither far too low nor far too high."""
+        if not self.samples:
+            return None
+        n = len(self.samples)
+        mean_x = sum(r for r, _ in self.samples) / n
+        mean_y = sum(s for _, s in self.samples) / n
+        var = sum((r - mean_x) ** 2 for r, _ in self.samples)
+        if var > 0:
+            slope = sum((r - mean_x) * (s - mean_y) for r, s in self.samples) / var
+            slope = max(slope, 0.0)  # noise can tilt it below zero: a step never gets cheaper
+            return max(mean_y - slope * mean_x, 0.0), slope
+        return mean_y / 2, mean_y / (2 * mean_x)
+
+    def tail(self, model: tuple[float, float] | None = None, quantile: float = 0.99) -> float:
+        """How much slower than the fitted model the slow samples run: the `quantile` of
+        measured / predicted, at least 1.0 (1.0 with fewer than 8 samples). A stream's tail
+        inter-token latency is about the model's prediction times this: on a CPU sharing its
+        cores (the gateway, Redis, the OS), steps jitter. The default quantile is the p99
+        that the SLO's bar reads."""
+        model = model or self.model()
+        if model is None or len(self.samples) < 8:
+            return 1.0
+        base, per_row = model
+        ratios = sorted(s / max(base + per_row * r, 1e-9) for r, s in self.samples)
+        return max(1.0, ratios[min(len(ratios) - 1, int(quantile * len(ratios)))])
+
+
+class TokenCadence:
+    """The gaps between a worker's consecutive token events while its engine keeps decoding:
+    the inter-token latency its streams see at the worker, i.e. the engine step plus the
+    loop around it (taking work, KV imports, publishing, upkeep). On shared cores that loop
+    is a fifth of a CPU stream's latency and most of its tail, which the engine's step
+    times alone do not show, so the dispatcher's SLO rule predicts from these."""
+
+    def __init__(self, maxlen: int = 256) -> None:
+        self.gaps = StepTimes(maxlen)
+        self._last: float | None = None
+
+    def published(self, rows: int | None, now: float) -> None:
+        """A step published its tokens at `now`; `rows`: its decode step's rows (None: no
+        decode rows, e.g. a prefill alone, which ends the run of gaps)."""
+        if rows and self._last is not None:
+            self.gaps.add(rows, now - self._last)
+        self._last = now if rows else None
+
+    def idle(self) -> None:
+        """Nothing runs: the next token's gap is not an inter-token latency."""
+        self._last = None
+
+
 @dataclass
 class EngineStats:
     """Timings measured inside the engine (model load excluded), like llama.cpp's timings.
@@ -34,9 +107,9 @@ class EngineStats:
     decode_seconds: float = 0.0
     decode_steps: int = 0
     recent: deque = field(default_factory=lambda: deque(maxlen=64))  # (tokens, seconds) per step
-    # (rows, seconds) of the last steps with decode rows: the inter-token latency a running
-    # stream sees is the whole step's time, prompt chunks included.
-    steps: deque = field(default_factory=lambda: deque(maxlen=128))
+    # The last steps with decode rows: the inter-token latency a running stream sees is the
+    # whole step's time, prompt chunks included.
+    steps: StepTimes = field(default_factory=StepTimes)
 
     @property
     def prefill_tps(self) -> float:
@@ -65,36 +138,12 @@ class EngineStats:
             self.decode_seconds += share
             self.decode_steps += 1
             self.recent.append((decode_rows, share))
-            self.steps.append((rows, seconds))
+            self.steps.add(rows, seconds)
 
     def step_time_model(self) -> tuple[float, float] | None:
-        """(base seconds, seconds per row) of a step, fitted to the recent steps: the inter-token
-        latency a batch of n streams gets is base + n * per_row (None before any decode step).
+        """The engine's steps alone, fitted (`StepTimes.model`); None before any decode step."""
+        return self.steps.model()
 
-        Least squares when at least two batch sizes were seen. With one size b, half of the
-        measured step is assumed to grow with the rows (per_row = step / 2b): between a GPU's
-        nearly flat curve and a CPU's nearly proportional one, so the first prediction for
-        one more stream is neither far too low nor far too high."""
-        if not self.steps:
-            return None
-        n = len(self.steps)
-        mean_x = sum(r for r, _ in self.steps) / n
-        mean_y = sum(s for _, s in self.steps) / n
-        var = sum((r - mean_x) ** 2 for r, _ in self.steps)
-        if var > 0:
-            slope = sum((r - mean_x) * (s - mean_y) for r, s in self.steps) / var
-            slope = max(slope, 0.0)  # noise can tilt it below zero: a step never gets cheaper
-            return max(mean_y - slope * mean_x, 0.0), slope
-        return mean_y / 2, mean_y / (2 * mean_x)
-
-    def step_tail(self, model: tuple[float, float] | None = None, quantile: float = 0.95) -> float:
-        """How much slower than the fitted model (`step_time_model`) the slow steps run: the
-        `quantile` of measured / predicted over the recent steps, at least 1.0 (1.0 with fewer
-        than 8 steps). A stream's tail inter-token latency is about the model's prediction
-        times this: on a CPU sharing its cores (the gateway, Redis, the OS), steps jitter."""
-        model = model or self.step_time_model()
-        if model is None or len(self.steps) < 8:
-            return 1.0
-        base, per_row = model
-        ratios = sorted(s / max(base + per_row * r, 1e-9) for r, s in self.steps)
-        return max(1.0, ratios[min(len(ratios) - 1, int(quantile * len(ratios)))])
+    def step_tail(self, model: tuple[float, float] | None = None, quantile: float = 0.99) -> float:
+        """How much slower than `step_time_model` the slow steps run (`StepTimes.tail`)."""
+        return self.steps.tail(model, quantile)
