@@ -60,8 +60,9 @@ def _step_fields(stats: EngineStats, cadence: TokenCadence) -> dict[str, float]:
     """The inter-token latency model and its tail in the heartbeat (ms; absent before the
     first decode step): what the dispatcher predicts from (`DeviceLoad`). The gaps between
     the worker's token events once it has a few, else the engine's step times."""
-    times = cadence.gaps if len(cadence.gaps) >= 8 else stats.steps
-    model = times.model()
+    cadenced = len(cadence.gaps) >= 8
+    times = cadence.gaps if cadenced else stats.steps
+    model = times.model(TokenCadence.GROWTH_FLOOR if cadenced else 0.0)
     if model is None:
         return {}
     return {

@@ -113,6 +113,18 @@ def test_step_tail_is_how_much_slower_the_slow_steps_run():
     assert 1.5 < stats.step_tail(model) < 2.0
 
 
+def test_a_flat_fit_of_noisy_gaps_still_grows_with_the_rows():
+    """Gaps of 30 ms at 4 and at 5 rows fit a flat line; the floor keeps half the mean (30 ms at
+    4.5 rows) growing with the rows, so one more stream is never predicted free."""
+    cadence = TokenCadence()
+    for i in range(21):  # 20 gaps, 10 at each size
+        cadence.published(4 + i % 2, i * 0.030)
+    assert cadence.gaps.model() == (pytest.approx(0.030, abs=1e-4), pytest.approx(0.0, abs=1e-4))
+    base, per_row = cadence.gaps.model(TokenCadence.GROWTH_FLOOR)
+    assert per_row == pytest.approx(0.5 * 0.030 / 4.5, rel=0.02)
+    assert base + 4.5 * per_row == pytest.approx(0.030)
+
+
 def test_step_tail_reads_the_p99_the_slo_bar_reads():
     stats = EngineStats()
     for i in range(100):  # two steps in a hundred take three times the model's time

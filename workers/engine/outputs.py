@@ -37,14 +37,15 @@ class StepTimes:
     def add(self, rows: int, seconds: float) -> None:
         self.samples.append((rows, seconds))
 
-    def model(self) -> tuple[float, float] | None:
+    def model(self, min_growth: float = 0.0) -> tuple[float, float] | None:
         """(base seconds, seconds per row): the inter-token latency a batch of n streams gets
         is base + n * per_row (None before any sample).
 
         Least squares when at least two batch sizes were seen. With one size b, half of the
         measured step is assumed to grow with the rows (per_row = step / 2b): between a GPU's
         nearly flat curve and a CPU's nearly proportional one, so the first prediction for
-        one more stream is neither far too low nor far too high."""
+        one more stream is neither far too low nor far too high. `min_growth`: at least that
+        share of the mean grows with the rows (a floor on the fitted slope, through the mean)."""
         if not self.samples:
             return None
         n = len(self.samples)
@@ -53,7 +54,8 @@ class StepTimes:
         var = sum((r - mean_x) ** 2 for r, _ in self.samples)
         if var > 0:
             slope = sum((r - mean_x) * (s - mean_y) for r, s in self.samples) / var
-            slope = max(slope, 0.0)  # noise can tilt it below zero: a step never gets cheaper
+            # Noise can tilt it below zero (a step never gets cheaper), or near it.
+            slope = max(slope, 0.0, min_growth * mean_y / mean_x)
             return max(mean_y - slope * mean_x, 0.0), slope
         return mean_y / 2, mean_y / (2 * mean_x)
 
@@ -76,7 +78,15 @@ class TokenCadence:
     the inter-token latency its streams see at the worker, i.e. the engine step plus the
     loop around it (taking work, KV imports, publishing, upkeep). On shared cores that loop
     is a fifth of a CPU stream's latency and most of its tail, which the engine's step
-    times alone do not show, so the dispatcher's SLO rule predicts from these."""
+    times alone do not show, so the dispatcher's SLO rule predicts from these.
+
+    The line fitted to them keeps at least half of the mean gap growing with the rows
+    (`GROWTH_FLOOR`): the gaps are noisy and a worker sees a narrow range of rows, and on 2
+    shared cores a free fit came out flat at times and let a burst of streams in at once,
+    each predicted at the same 49 ms (bench/hetero.py; the bench measured about 2 ms more
+    per stream there)."""
+
+    GROWTH_FLOOR = 0.5
 
     def __init__(self, maxlen: int = 256) -> None:
         self.gaps = StepTimes(maxlen)
