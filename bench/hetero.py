@@ -188,7 +188,7 @@ def farm_args(args: argparse.Namespace, mode: str) -> argparse.Namespace:
     from syshax.broker.embedded import free_port
 
     gpu_port, cpu_port = free_port(), free_port()
-    settings: dict[str, Any] = {"decode_device": mode, "cpu_max_batch_size": args.cpu_slots, "gpu": {"engine": "emulated", "profile": args.profile, "max_batch_size": args.xpu_slots, "port": gpu_port}, "cpu": {"port": cpu_port, "threads": args.cpu_threads, **({} if args.cpu_nice is None else {"nice": args.cpu_nice})}, "slo": {"itl_ms": args.slo_itl_ms}}  # fmt: skip
+    settings: dict[str, Any] = {"decode_device": mode, "cpu_max_batch_size": args.cpu_slots, "gpu": {"engine": "emulated", "profile": args.profile, "max_batch_size": args.xpu_slots, "port": gpu_port}, "cpu": {"port": cpu_port, "threads": args.cpu_threads, **({} if args.cpu_nice is None else {"nice": args.cpu_nice}), **({} if args.cpu_sched_idle is None else {"sched_idle": args.cpu_sched_idle})}, "slo": {"itl_ms": args.slo_itl_ms}}  # fmt: skip
     ns = argparse.Namespace(**vars(args))
     ns.__dict__.update(launch="emulated", farm_settings=settings, max_batch_size=None, threads=None, against=None, model=None, api_key="unused", goodput=None, max_concurrency=None, metrics_url=f"http://127.0.0.1:{gpu_port}/metrics")  # fmt: skip
     return ns
@@ -303,7 +303,7 @@ def _ints(text: str) -> list[int]:
     return xs
 
 
-SERVE_OPTIONS = ("--endpoint", "--input-len", "--output-len", "--seed", "--tokenizer-model", "--json", "--cpu-workers", "--launch-timeout")  # fmt: skip
+SERVE_OPTIONS = ("--client", "--endpoint", "--input-len", "--output-len", "--seed", "--tokenizer-model", "--json", "--cpu-workers", "--launch-timeout")  # fmt: skip
 OPTIONS: list[tuple[str, dict[str, Any]]] = [
     ("--levels", {"type": _ints, "default": [1, 4, 8, 16, 32], "metavar": "C,C,...", "help": "closed-loop levels: streams in flight (default 1,4,8,16,32)"}),
     ("--slo-itl-ms", {"type": float, "default": 50.0, "help": "slo.itl_ms of the auto farm, and the bar of the CPU capacity and the done-when (default %(default)s)"}),
@@ -311,7 +311,8 @@ OPTIONS: list[tuple[str, dict[str, Any]]] = [
     ("--xpu-slots", {"type": int, "default": 4, "help": "gpu.max_batch_size: streams the EMULATED xPU runs at once; levels above it saturate it (default %(default)s)"}),
     ("--cpu-slots", {"type": int, "default": 8, "help": "cpu_max_batch_size: streams per CPU decode worker (default %(default)s)"}),
     ("--cpu-threads", {"type": int, "help": "cpu.threads of each CPU decode worker (default: syshax's, half the cores)"}),
-    ("--cpu-nice", {"type": int, "help": "cpu.nice of the CPU decode workers, 0-19 (default: syshax's, 10)"}),
+    ("--cpu-nice", {"type": int, "help": "cpu.nice of the CPU decode workers, 0-19 (default: syshax's, 10; with --no-cpu-sched-idle)"}),
+    ("--cpu-sched-idle", {"action": argparse.BooleanOptionalAction, "help": "cpu.sched_idle of the CPU decode workers (default: syshax's, on)"}),
     ("--capacity-levels", {"type": _ints, "metavar": "C,C,...", "help": "levels of the CPU capacity run (default: 1, 2, 4, ... up to the CPU workers' slots)"}),
     ("--capacity-stat", {"choices": ("p50", "p99"), "default": "p99", "help": "ITL statistic the CPU capacity keeps within the SLO (default %(default)s)"}),
     ("--num-prompts", {"type": int, "default": 32, "help": "fewest requests per level (default %(default)s)"}),
@@ -326,6 +327,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     for flag, kwargs in [o for o in serve.OPTIONS if o[0] in SERVE_OPTIONS] + OPTIONS:
         p.add_argument(flag, **kwargs)
+    # The light client by default: on 2 cores the openai client's CPU per token is taken from
+    # the CPU decode workers, and `auto` streams 2.5x the tokens of the CPU capacity run.
+    p.set_defaults(client="raw")
     args = p.parse_args(argv)
     if min(args.input_len, args.output_len, args.num_prompts, args.rounds, args.xpu_slots, args.cpu_slots, args.cpu_threads or 1) < 1 or not 0 <= (args.cpu_nice or 0) <= 19 or args.slo_itl_ms <= 0:  # fmt: skip
         p.error("lengths, counts and slots must be >= 1, --cpu-nice 0-19, --slo-itl-ms > 0")
@@ -351,7 +355,7 @@ def main(argv: list[str] | None = None) -> None:
         f"Command: `{shlex.join(['python', *sys.argv])}`",
         "",
         f"**The xPU is EMULATED** (gpu.engine: emulated, profile {args.profile}): no accelerator ran; each xPU step slept for the time the profile predicts for this model, and its text is meaningless. The CPU decode workers are real.",  # fmt: skip
-        f"Farm: xPU {args.xpu_slots} slots (predicted decode step at {args.xpu_slots} streams: {f'{step:.2f} ms' if step else '?'}, so it saturates above {args.xpu_slots} streams), {args.cpu_workers or 1} CPU decode worker(s) x {args.cpu_slots} slots, cpu.threads {args.cpu_threads or 'default'}, cpu.nice {'default' if args.cpu_nice is None else args.cpu_nice}, slo.itl_ms {args.slo_itl_ms:g} (auto only). Closed loop, {args.input_len} prompt tokens, {args.output_len} output tokens (ignore_eos), requests per level max({args.num_prompts}, {args.rounds} x level).",  # fmt: skip
+        f"Farm: xPU {args.xpu_slots} slots (predicted decode step at {args.xpu_slots} streams: {f'{step:.2f} ms' if step else '?'}, so it saturates above {args.xpu_slots} streams), {args.cpu_workers or 1} CPU decode worker(s) x {args.cpu_slots} slots, cpu.threads {args.cpu_threads or 'default'}, cpu.nice {'default' if args.cpu_nice is None else args.cpu_nice}, cpu.sched_idle {'default' if args.cpu_sched_idle is None else args.cpu_sched_idle}, slo.itl_ms {args.slo_itl_ms:g} (auto only). Closed loop, {args.input_len} prompt tokens, {args.output_len} output tokens (ignore_eos), requests per level max({args.num_prompts}, {args.rounds} x level).",  # fmt: skip
     ]
     res = {"cpu": run_mode(args, "cpu", args.capacity_levels, prompts, warm)}
     res |= {mode: run_mode(args, mode, args.levels, prompts, warm) for mode in ("xpu", "auto")}

@@ -137,6 +137,8 @@ async def farm_request(client: Any, model: str, args: argparse.Namespace, p: Pro
     rec = Rec(prompt_len=p.n)
     kw: dict[str, Any] = dict(model=model, max_tokens=max_tokens, temperature=0.0, seed=args.seed, stream=True, stream_options={"include_usage": True}, extra_body=extra_body(server, max_tokens))  # fmt: skip
     rec.t_start = time.perf_counter()
+    if getattr(args, "client", "openai") == "raw":
+        return await _raw_request(client, rec, model, args, p, kw)
     try:
         if args.endpoint == "chat":
             stream = await client.chat.completions.create(messages=[{"role": "user", "content": p.text}], **kw)  # fmt: skip
@@ -162,6 +164,21 @@ async def farm_request(client: Any, model: str, args: argparse.Namespace, p: Pro
     return rec
 
 
+async def _raw_request(client: Any, rec: Rec, model: str, args: argparse.Namespace, p: Prompt, kw: dict[str, Any]) -> Rec:  # fmt: skip
+    """farm_request over sse_client.RawClient: the same body, the same Rec."""
+    body = {k: v for k, v in kw.items() if k != "extra_body"} | kw["extra_body"] | {"model": model}
+    body |= {"messages": [{"role": "user", "content": p.text}]} if args.endpoint == "chat" else {"prompt": p.text}  # fmt: skip
+    try:
+        await client.stream(rec, args.endpoint, body)
+        rec.e2e = time.perf_counter() - rec.t_start
+        rec.output_tokens = rec.output_tokens or rec.chunks
+        rec.ok = rec.chunks > 0
+        rec.error = "" if rec.ok else "the stream carried no content"
+    except Exception as exc:  # any failure is recorded, never fatal to the run
+        rec.error = f"{type(exc).__name__}: {exc}"
+    return rec
+
+
 async def bench_farm(args: argparse.Namespace, base_url: str, prompts: list[Prompt], arrivals: list[float], warm_prompt: Prompt, server: str = "farm") -> tuple[list[Rec], float]:  # fmt: skip
     import httpx
     from openai import AsyncOpenAI, DefaultAsyncHttpxClient
@@ -171,9 +188,19 @@ async def bench_farm(args: argparse.Namespace, base_url: str, prompts: list[Prom
         # server closes a kept-alive connection now and then just as the next request reuses
         # it ("Server disconnected without sending a response", ~5% of back-to-back requests)
         http = DefaultAsyncHttpxClient(limits=httpx.Limits(max_connections=1000, max_keepalive_connections=0))  # fmt: skip
-    client = AsyncOpenAI(base_url=base_url, api_key=args.api_key, max_retries=0, timeout=3600.0, http_client=http)  # fmt: skip
+    if getattr(args, "client", "openai") == "raw":
+        from sse_client import RawClient
+
+        client: Any = RawClient(base_url, args.api_key, fresh_connections=bool(args.against))
+        list_models = client.first_model
+    else:
+        client = AsyncOpenAI(base_url=base_url, api_key=args.api_key, max_retries=0, timeout=3600.0, http_client=http)  # fmt: skip
+
+        async def list_models() -> str:
+            return (await client.models.list()).data[0].id
+
     try:
-        model = args.model or (await client.models.list()).data[0].id
+        model = args.model or await list_models()
     except Exception as exc:  # no farm there: say so, no traceback
         raise SystemExit(f"GET {base_url}/models failed: {type(exc).__name__}: {exc}") from None
     warm = await farm_request(client, model, args, warm_prompt, min(args.output_len, 4), server)
@@ -562,6 +589,7 @@ def _slo(item: str) -> tuple[str, float]:
 
 OPTIONS: list[tuple[str, dict[str, Any]]] = [
     ("--base-url", {"default": "http://127.0.0.1:8010/v1", "help": "the farm's OpenAI API root (default %(default)s; ignored with --launch)"}),
+    ("--client", {"choices": ("openai", "raw"), "default": "openai", "help": "the streaming client: the openai package, or raw = aiohttp with the SSE parsed by hand, a third of the CPU per token (bench/sse_client.py; on a small host the client shares the cores with the farm) (default %(default)s)"}),
     ("--api-key", {"default": os.environ.get("OPENAI_API_KEY", "unused"), "help": "API key sent as Bearer (default $OPENAI_API_KEY, else 'unused')"}),
     ("--model", {"help": "model name in the requests (default: the first of GET /v1/models)"}),
     ("--endpoint", {"choices": ("completions", "chat"), "default": "completions", "help": "API to stream from; completions keeps the prompt length exact, chat adds the template's tokens (default %(default)s)"}),

@@ -154,6 +154,11 @@ class Dispatcher:
         self.history = (self.history + [decision])[-100:]
         return decision
 
+    def offloads_next(self, gpu: DeviceLoad, cpu: DeviceLoad) -> bool:
+        """Whether a sequence prefilled now would go to the CPU (nothing recorded): an xPU
+        worker with full decode slots then prefills a waiting prompt for it."""
+        return self._choose(gpu, self._cap_cpu(cpu), 1).device == CPU
+
     def _cap_cpu(self, cpu: DeviceLoad) -> DeviceLoad:
         cap = min(cpu.capacity, self.cpu_max_batch_size * max(cpu.workers, 1))
         return dataclasses.replace(cpu, capacity=cap)

@@ -18,6 +18,7 @@ import logging
 import socket
 import time
 import uuid
+from collections.abc import Iterator
 from multiprocessing import resource_tracker, shared_memory
 
 import redis
@@ -102,11 +103,33 @@ class KVStore:
     # ---- consumer ----------------------------------------------------------------------
 
     def take(self, handle: KVHandle) -> bytes:
-        """Read the bytes and free the lease (the consumer's one call)."""
+        """Read the bytes (a copy) and free the lease."""
+        with self.taken(handle) as blob:
+            return bytes(blob)
+
+    @contextlib.contextmanager
+    def taken(self, handle: KVHandle) -> Iterator[bytes | memoryview]:
+        """The consumer's one call: the lease's bytes for the block, then the lease is freed.
+        From shared memory they are a view of the segment, not a copy: an import copies them
+        once, into its cache (a 1B model's 1k-token KV is 32 MB; a copy of it costs a
+        CPU decode step's worth of time on a small host). Nothing may keep the view after
+        the block."""
         try:
-            return self.read(handle)
+            if handle.store != "shm":
+                yield self.read(handle)
+                return
+            seg = self._open_segment(handle)
+            view = seg.buf[: handle.nbytes]
+            try:
+                yield view
+            finally:
+                # An exception's traceback may still hold tensors on the view: the mapping
+                # then goes with the last of them (unlinking below does not need it closed).
+                with contextlib.suppress(BufferError):
+                    view.release()
+                    seg.close()
         finally:
-            self.free(handle.handle_id)
+            self._free_taken(handle)
 
     def read(self, handle: KVHandle) -> bytes:
         if handle.store == "redis":
@@ -115,20 +138,27 @@ class KVStore:
                 raise KVStoreError(f"KV handle {handle.handle_id} expired or was freed")
             return blob
         if handle.store == "shm":
-            if handle.host != HOST:
-                raise KVStoreError(
-                    f"KV handle {handle.handle_id} is in shared memory on {handle.host}"
-                )
-            try:
-                seg = shared_memory.SharedMemory(name=handle.location)
-            except FileNotFoundError as exc:
-                raise KVStoreError(f"KV handle {handle.handle_id} expired or was freed") from exc
-            _untrack(seg)
+            seg = self._open_segment(handle)
             try:
                 return bytes(seg.buf[: handle.nbytes])
             finally:
                 seg.close()
         raise KVStoreError(f"KV handle {handle.handle_id}: unknown store {handle.store!r}")
+
+    def _open_segment(self, handle: KVHandle) -> shared_memory.SharedMemory:
+        if handle.store != "shm":
+            raise KVStoreError(f"KV handle {handle.handle_id}: unknown store {handle.store!r}")
+        if handle.host != HOST:
+            raise KVStoreError(f"KV handle {handle.handle_id} is in shared memory on {handle.host}")
+        try:
+            seg = shared_memory.SharedMemory(name=handle.location)
+        except FileNotFoundError as exc:
+            raise KVStoreError(f"KV handle {handle.handle_id} expired or was freed") from exc
+        _untrack(seg)
+        if seg.size < handle.nbytes:
+            seg.close()
+            raise KVStoreError(f"KV handle {handle.handle_id}: its segment is short")
+        return seg
 
     # ---- freeing -------------------------------------------------------------------------
 
@@ -146,6 +176,17 @@ class KVStore:
             pipe.srem(self.keys.kv_owner(handle.owner), handle_id)
         pipe.execute()
         return handle is not None
+
+    def _free_taken(self, handle: KVHandle) -> None:
+        """`free` for the consumer, who holds the handle: one round trip, not two."""
+        if handle.store == "shm" and handle.host == HOST:
+            _unlink(handle.location)
+        pipe = self.r.pipeline()
+        pipe.delete(self.keys.kv_lease(handle.handle_id))
+        pipe.zrem(self.keys.kv_leases, handle.handle_id)
+        pipe.delete(self.keys.kv_blob(handle.handle_id))
+        pipe.srem(self.keys.kv_owner(handle.owner), handle.handle_id)
+        pipe.execute()
 
     def free_request(self, request_id: str) -> int:
         """Free every lease a request owns (on cancel). Returns how many were freed."""

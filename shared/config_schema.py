@@ -203,7 +203,11 @@ class CpuConfig(_Section):
         10,
         ge=0,
         le=19,
-        description="scheduling niceness of the CPU decode workers (0-19): where they share cores with the xPU worker, the gateway and Redis, those run first, since a late xPU step stalls every stream on the xPU; 0 = the same priority as the rest of the farm",
+        description="scheduling niceness of the CPU decode workers (0-19) when cpu.sched_idle is false: where they share cores with the xPU worker, the gateway and Redis, those run first, since a late xPU step stalls every stream on the xPU; 0 = the same priority as the rest of the farm",
+    )
+    sched_idle: bool = Field(
+        True,
+        description="run the CPU decode workers under Linux's SCHED_IDLE policy: they take the cores the xPU worker, the gateway and Redis leave, and a wake-up of those preempts them at once (at nice 10 it waits up to a time slice); false = a normal process at cpu.nice. Ignored (cpu.nice instead) where the OS has no SCHED_IDLE",
     )
 
 

@@ -98,6 +98,10 @@ class WorkerOptions:
     output_ttl: int = 600
     heartbeat_s: float = 1.0
     heartbeat_ttl: float = HEARTBEAT_TTL  # silent this long = dead: others claim our jobs
+    # Engine slots beyond the decode slots (an xPU worker with the prefill role, in a farm
+    # that offloads decode): a prompt prefilled there while every decode slot is busy, for
+    # the CPU to decode (handoff.prefill_ahead). The engine has this many more sequences.
+    handoff_slots: int = 0
     claim_s: float = 2.0
     sweep_s: float = 5.0
     block_ms: int = 100
@@ -142,6 +146,11 @@ class Worker:
                 r, [keys.decode_stream(self.other_class)], opts.worker_id, keys
             )
             self.stranded.ensure_groups()
+        # The prompts alone, read into a handoff slot while the decode slots are full.
+        self.prefill_ahead: WorkQueues | None = None
+        if opts.handoff_slots > 0 and {"prefill", "decode"} <= opts.roles:
+            self.prefill_ahead = WorkQueues(r, [keys.prefill_stream], opts.worker_id, keys)
+        self.ahead_checked = 0.0
         self.publisher = TokenPublisher(r, keys, opts.output_ttl)
         self.cancels = CancelWatcher(r, keys)
         self.heartbeat = Heartbeat(r, opts.worker_id, keys, ttl=opts.heartbeat_ttl)
@@ -191,14 +200,21 @@ class Worker:
             entries = self.batch_queue.read(free, None)
         if not entries and free > 0:
             entries = handoff.take_queued(self)  # a CPU slot for a job waiting on the xPU
+        if not entries and free <= 0:
+            entries = handoff.prefill_ahead(self)  # a prompt for a CPU slot, via the xPU
         if not entries and idle:
             # Nothing anywhere: block on every stream. Both were just seen empty, so whatever
             # arrives first is served first; priority only matters while work waits.
             entries = self.idle_queues.read(free, self.opts.block_ms)
         return entries
 
+    @property
+    def decode_slots(self) -> int:
+        """The sequences this worker decodes at once (its heartbeat's capacity)."""
+        return self.engine.num_slots - self.opts.handoff_slots
+
     def free_slots(self) -> int:
-        return self.engine.num_slots - self.slots_held()
+        return self.decode_slots - self.slots_held()
 
     def slots_held(self) -> int:
         """Sequences running or waiting here (the heartbeat's running + waiting)."""
@@ -211,7 +227,7 @@ class Worker:
             "roles": ",".join(sorted(self.opts.roles)),
             "device": self.opts.device,
             "device_class": self.opts.device_class,
-            "capacity": e.num_slots,
+            "capacity": self.decode_slots,
             "running": e.num_running,
             "waiting": e.num_waiting + len(self.backlog),
             "kv_blocks_held": e.kv_blocks[1] - e.kv_blocks[0],
@@ -281,7 +297,7 @@ class Worker:
 
     def _start_backlog(self) -> None:
         e = self.engine
-        while self.backlog and e.num_running + e.num_waiting < e.num_slots:
+        while self.backlog and e.num_running + e.num_waiting < self.decode_slots:
             job = self.backlog.popleft()
             self._guard(job, lambda job=job: self._start_decode(job))
 
@@ -290,8 +306,8 @@ class Worker:
         if msg.kv and job.output_ids == list(msg.output_ids):
             handle = KVHandle(**msg.kv)
             try:
-                blob = self.kv.take(handle)
-                self.engine.import_kv(rid, blob, msg.prompt_ids, job.output_ids, job.params)
+                with self.kv.taken(handle) as blob:  # shared memory: a view, not a copy
+                    self.engine.import_kv(rid, blob, msg.prompt_ids, job.output_ids, job.params)
                 self.metrics.kv_imports.inc()
                 return
             except (KVStoreError, ValueError) as exc:

@@ -9,6 +9,7 @@ goes with the config's `decode_device`, `auto_pd_offload` and `slo.itl_ms`."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import logging
 import os
@@ -181,6 +182,44 @@ def _prompt_rows_while_decoding(cfg, device: str) -> int | None:
     return DEFAULT_CPU_PROMPT_ROWS_WHILE_DECODING if device == "cpu" else None
 
 
+def _below_the_farm(cpu) -> None:
+    """A CPU decode worker's priority below the farm's other processes (before its threads
+    start: they inherit it). On shared cores the xPU worker's loop otherwise waits for a
+    kernel thread's time slice, and every xPU stream's step with it: SCHED_IDLE (cpu.sched_idle)
+    yields at once, nice 10 within a slice (docs/benchmarks.md, 2026-12-06: the xPU's streams
+    delivered 680 tok/s in `auto` at nice 10, 709-723 under SCHED_IDLE, 797-801 alone)."""
+    # Linux keeps both per thread: the threads already started (the tokenizer's, the
+    # metrics server's) are set one by one; the ones started later inherit it.
+    try:
+        threads = [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        threads = [0]
+    if cpu.sched_idle and hasattr(os, "SCHED_IDLE"):
+        try:
+            for tid in threads:
+                with contextlib.suppress(ProcessLookupError):  # a thread that just ended
+                    os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+            return
+        except OSError as exc:
+            log.warning("SCHED_IDLE refused (%s); running at nice %d instead", exc, cpu.nice)
+    if cpu.nice:
+        for tid in threads:
+            with contextlib.suppress(ProcessLookupError):
+                os.setpriority(
+                    os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + cpu.nice
+                )
+
+
+def _handoff_slots(args, cfg, cls: str, device: str, roles: frozenset[str]) -> int:
+    """One engine slot beyond the decode slots for an accelerator that prefills and decodes
+    in a farm that may offload decode: a prompt is prefilled there for the CPU while every
+    decode slot is busy (WorkerOptions.handoff_slots). Not for the xPU role on a CPU (the
+    farm without an accelerator has no CPU decoders to offload to)."""
+    accelerator = args.engine in ("emulated", "vllm") or device != "cpu"
+    offloads = cfg.auto_pd_offload and cfg.decode_device == "auto"
+    return int(cls == "gpu" and accelerator and offloads and {"prefill", "decode"} <= roles)
+
+
 def _build_engine(args, cfg, device: str, slots: int, kernels=None, profile=None):
     from syshax.shared.tokenizer import Tokenizer
     from syshax.workers.engine.loader import resolve_model_path
@@ -297,10 +336,8 @@ def run(args: argparse.Namespace) -> int:
     except (EnvError, AffinityError, EngineError) as exc:
         log.error("%s", exc)
         return 2
-    if cls == "cpu" and cfg.cpu.nice:
-        # Below the farm's other processes: on shared cores the xPU worker's loop waits for
-        # a kernel thread's time slice otherwise, and every xPU stream's step with it.
-        os.nice(cfg.cpu.nice)
+    if cls == "cpu":
+        _below_the_farm(cfg.cpu)
     if device == "cpu" and args.engine == "model":
         import torch
 
@@ -332,8 +369,9 @@ def run(args: argparse.Namespace) -> int:
     if not url:
         log.error("%s", farm_file.NO_FARM)
         return 2
+    handoff_slots = _handoff_slots(args, cfg, cls, device, roles)
     try:
-        engine = _build_engine(args, cfg, device, slots, kernels, profile)
+        engine = _build_engine(args, cfg, device, slots + handoff_slots, kernels, profile)
     except EngineError as exc:
         log.error("%s", exc)
         return 2
@@ -351,6 +389,7 @@ def run(args: argparse.Namespace) -> int:
         kv_store=cfg.kv.store,
         kv_ttl=cfg.kv.ttl,
         output_ttl=cfg.output.ttl,
+        handoff_slots=handoff_slots,
     )
     if args.heartbeat_ttl is not None:
         opts.heartbeat_ttl = args.heartbeat_ttl
@@ -379,12 +418,12 @@ def run(args: argparse.Namespace) -> int:
             worker = Worker(engine, r, opts, dispatcher, Keys(cfg.redis.prefix), metrics)
             connected_at = time.monotonic()
             log.warning(
-                "worker %s ready: roles=%s device=%s class=%s slots=%d%s",
+                "worker %s ready: roles=%s device=%s class=%s slots=%s%s",
                 worker_id,
                 ",".join(sorted(roles)),
                 device,
                 cls,
-                slots,
+                f"{slots} (+{handoff_slots} to prefill for the CPU)" if handoff_slots else slots,
                 _dispatch_note(cfg) if "prefill" in roles else "",
             )
             worker.serve(stop, drain_timeout=args.drain_timeout)

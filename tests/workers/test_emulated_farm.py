@@ -82,10 +82,12 @@ def test_the_slo_and_decode_device_decide_between_an_emulated_xpu_and_a_real_cpu
     # engine None: the xPU class follows gpu.engine (emulated); the CPU worker runs the model.
     farm.start_worker("xpu-a", "prefill,decode", "gpu", engine=None, args=("--port", str(port_a)))
     farm.wait_registered(["xpu-a"], timeout=120)
-    # cpu.nice (default 10): the CPU decode worker yields the shared cores to the xPU worker.
-    ours = os.getpriority(os.PRIO_PROCESS, 0)
-    assert os.getpriority(os.PRIO_PROCESS, farm.procs["cpu"].pid) == min(ours + 10, 19)
-    assert os.getpriority(os.PRIO_PROCESS, farm.procs["xpu-a"].pid) == ours
+    # cpu.sched_idle (default true): the CPU decode worker, every thread of it, yields the
+    # shared cores to the xPU worker.
+    cpu_pid, xpu_pid = farm.procs["cpu"].pid, farm.procs["xpu-a"].pid
+    threads = [int(t) for t in os.listdir(f"/proc/{cpu_pid}/task")]
+    assert {os.sched_getscheduler(t) for t in threads} == {os.SCHED_IDLE}, "and its threads"
+    assert os.sched_getscheduler(xpu_pid) == os.SCHED_OTHER
     assert farm.r.hget(KEYS.worker("xpu-a"), "device") == b"emulated:h100"
     prompts = [tokenizer.encode(f"Request {i}: count to ten.") for i in range(4)]
     for events in _run(farm, prompts).values():

@@ -73,18 +73,20 @@ class KVCache:
         """Fill positions `[0, T)` of a sequence from `[layers, kv_heads, T, head_dim]` tensors."""
         length = keys.shape[2]
         idx = self._index(block_table, length)
-        pad = len(idx) * self.block_size - length
+        size = self.block_size
+        full = length // size
 
+        # One copy per position, straight from `keys`/`values` (which may be views of a KV
+        # lease's shared memory): whole blocks as a view, then the last block's rows. The
+        # last block's other rows may belong to nobody yet: they keep what they hold.
         def scatter(cache: torch.Tensor, x: torch.Tensor) -> None:
-            x = torch.nn.functional.pad(x.to(cache.dtype), (0, 0, 0, pad))
+            x = x.to(cache.dtype)  # no copy when the dtypes match
             layers, heads, _, dim = x.shape
-            x = x.reshape(layers, heads, len(idx), self.block_size, dim).permute(0, 2, 1, 3, 4)
-            if pad:  # the last block's tail may belong to nobody yet: keep what it holds
-                cache[:, idx[:-1]] = x[:, :-1]
-                tail = self.block_size - pad
-                cache[:, idx[-1], :, :tail] = x[:, -1, :, :tail]
-            else:
-                cache[:, idx] = x
+            if full:
+                blocks = x[:, :, : full * size].reshape(layers, heads, full, size, dim)
+                cache[:, idx[:full]] = blocks.permute(0, 2, 1, 3, 4)
+            if length > full * size:
+                cache[:, idx[full], :, : length - full * size] = x[:, :, full * size :]
 
         scatter(self.k, keys)
         scatter(self.v, values)

@@ -298,3 +298,26 @@ def test_kv_budget_smaller_than_one_sequence_is_refused(tiny_models):
     per_block = probe.cache.nbytes // probe.cache.num_blocks
     with pytest.raises(EngineError, match="max_model_len 128"):
         _engine(folder, kv_cache_bytes=3 * per_block)  # 48 positions < 128
+
+
+@pytest.mark.parametrize("length", [1, 15, 16, 33, 48])
+def test_cache_write_fills_exactly_the_sequences_positions(tiny_models, length):
+    """A KV import writes straight from the blob's tensors into the cache: positions
+    [0, length) of the sequence's blocks, and nothing else of the last block."""
+    folder, _ = tiny_models["qwen3"]
+    cache = _engine(folder).cache
+    size = cache.block_size
+    table = [5, 2, 7, 0][: -(-length // size)]
+    cache.k.fill_(7.0)
+    cache.v.fill_(7.0)
+    layers, _, heads, _, dim = cache.k.shape
+    keys = torch.randn(layers, heads, length, dim).to(cache.k.dtype)
+    values = torch.randn(layers, heads, length, dim).to(cache.k.dtype)
+    cache.write(table, keys, values)
+    got_k, got_v = cache.read(table, length)
+    assert torch.equal(got_k, keys) and torch.equal(got_v, values)
+    rows_left = len(table) * size - length
+    if rows_left:
+        assert (cache.k[:, table[-1], :, size - rows_left :] == 7.0).all(), "the tail is kept"
+    others = [b for b in range(cache.num_blocks) if b not in table]
+    assert (cache.k[:, others] == 7.0).all() and (cache.v[:, others] == 7.0).all()
