@@ -9,7 +9,9 @@ sleeps of the time `--profile` predicts for the farm's model, its text is meanin
 uses no CPU; the CPU decode workers run the real model (on the zeroed KV it hands off).
 
 Design:
-- Closed loop (bench/serve.py's client, `--max-concurrency` per level): the level *is* the
+- Closed loop (bench/serve.py's client, the light one by default: `--client raw`, aiohttp with
+  the SSE parsed by hand, since on a small host it shares the cores with the farm it measures;
+  `--max-concurrency` per level): the level *is* the
   number of streams in flight, so "saturated" has a plain meaning: more streams than the xPU
   has slots (`--xpu-slots`, gpu.max_batch_size). A fresh farm per mode (no state or prefix
   cache carried over), the same prompts at a level in every mode, fresh prompts per level.
