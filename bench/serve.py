@@ -137,23 +137,13 @@ async def farm_request(client: Any, model: str, args: argparse.Namespace, p: Pro
     rec = Rec(prompt_len=p.n)
     kw: dict[str, Any] = dict(model=model, max_tokens=max_tokens, temperature=0.0, seed=args.seed, stream=True, stream_options={"include_usage": True}, extra_body=extra_body(server, max_tokens))  # fmt: skip
     rec.t_start = time.perf_counter()
-    if getattr(args, "client", "openai") == "raw":
-        return await _raw_request(client, rec, model, args, p, kw)
     try:
-        if args.endpoint == "chat":
-            stream = await client.chat.completions.create(messages=[{"role": "user", "content": p.text}], **kw)  # fmt: skip
+        if args.client == "raw":  # sse_client.RawClient: the same body
+            body = {k: v for k, v in kw.items() if k != "extra_body"} | kw["extra_body"]
+            body |= {"messages": [{"role": "user", "content": p.text}]} if args.endpoint == "chat" else {"prompt": p.text}  # fmt: skip
+            await client.stream(rec, args.endpoint, body)
         else:
-            stream = await client.completions.create(prompt=p.text, **kw)
-        async for chunk in stream:
-            rec.request_id = rec.request_id or getattr(chunk, "id", None) or ""
-            if chunk.usage is not None:
-                rec.output_tokens, rec.prompt_len = chunk.usage.completion_tokens, chunk.usage.prompt_tokens  # fmt: skip
-            if not chunk.choices:
-                continue
-            c = chunk.choices[0]
-            text = c.delta.content if args.endpoint == "chat" else c.text
-            if text:
-                rec.content(time.perf_counter())
+            await _stream_openai(client, rec, args, p, kw)
         rec.e2e = time.perf_counter() - rec.t_start
         rec.output_tokens = rec.output_tokens or rec.chunks
         rec.ok = rec.chunks > 0
@@ -164,19 +154,21 @@ async def farm_request(client: Any, model: str, args: argparse.Namespace, p: Pro
     return rec
 
 
-async def _raw_request(client: Any, rec: Rec, model: str, args: argparse.Namespace, p: Prompt, kw: dict[str, Any]) -> Rec:  # fmt: skip
-    """farm_request over sse_client.RawClient: the same body, the same Rec."""
-    body = {k: v for k, v in kw.items() if k != "extra_body"} | kw["extra_body"] | {"model": model}
-    body |= {"messages": [{"role": "user", "content": p.text}]} if args.endpoint == "chat" else {"prompt": p.text}  # fmt: skip
-    try:
-        await client.stream(rec, args.endpoint, body)
-        rec.e2e = time.perf_counter() - rec.t_start
-        rec.output_tokens = rec.output_tokens or rec.chunks
-        rec.ok = rec.chunks > 0
-        rec.error = "" if rec.ok else "the stream carried no content"
-    except Exception as exc:  # any failure is recorded, never fatal to the run
-        rec.error = f"{type(exc).__name__}: {exc}"
-    return rec
+async def _stream_openai(client: Any, rec: Rec, args: argparse.Namespace, p: Prompt, kw: dict[str, Any]) -> None:  # fmt: skip
+    if args.endpoint == "chat":
+        stream = await client.chat.completions.create(messages=[{"role": "user", "content": p.text}], **kw)  # fmt: skip
+    else:
+        stream = await client.completions.create(prompt=p.text, **kw)
+    async for chunk in stream:
+        rec.request_id = rec.request_id or getattr(chunk, "id", None) or ""
+        if chunk.usage is not None:
+            rec.output_tokens, rec.prompt_len = chunk.usage.completion_tokens, chunk.usage.prompt_tokens  # fmt: skip
+        if not chunk.choices:
+            continue
+        c = chunk.choices[0]
+        text = c.delta.content if args.endpoint == "chat" else c.text
+        if text:
+            rec.content(time.perf_counter())
 
 
 async def bench_farm(args: argparse.Namespace, base_url: str, prompts: list[Prompt], arrivals: list[float], warm_prompt: Prompt, server: str = "farm") -> tuple[list[Rec], float]:  # fmt: skip
@@ -188,7 +180,7 @@ async def bench_farm(args: argparse.Namespace, base_url: str, prompts: list[Prom
         # server closes a kept-alive connection now and then just as the next request reuses
         # it ("Server disconnected without sending a response", ~5% of back-to-back requests)
         http = DefaultAsyncHttpxClient(limits=httpx.Limits(max_connections=1000, max_keepalive_connections=0))  # fmt: skip
-    if getattr(args, "client", "openai") == "raw":
+    if args.client == "raw":
         from sse_client import RawClient
 
         client: Any = RawClient(base_url, args.api_key, fresh_connections=bool(args.against))

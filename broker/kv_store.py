@@ -115,8 +115,11 @@ class KVStore:
         CPU decode step's worth of time on a small host). Nothing may keep the view after
         the block."""
         try:
-            if handle.store != "shm":
-                yield self.read(handle)
+            if handle.store == "redis":
+                blob = self.r.get(handle.location)
+                if blob is None:
+                    raise KVStoreError(f"KV handle {handle.handle_id} expired or was freed")
+                yield blob
                 return
             seg = self._open_segment(handle)
             view = seg.buf[: handle.nbytes]
@@ -129,21 +132,7 @@ class KVStore:
                     view.release()
                     seg.close()
         finally:
-            self._free_taken(handle)
-
-    def read(self, handle: KVHandle) -> bytes:
-        if handle.store == "redis":
-            blob = self.r.get(handle.location)
-            if blob is None:
-                raise KVStoreError(f"KV handle {handle.handle_id} expired or was freed")
-            return blob
-        if handle.store == "shm":
-            seg = self._open_segment(handle)
-            try:
-                return bytes(seg.buf[: handle.nbytes])
-            finally:
-                seg.close()
-        raise KVStoreError(f"KV handle {handle.handle_id}: unknown store {handle.store!r}")
+            self._release(handle.handle_id, handle)  # the consumer holds it: no lookup
 
     def _open_segment(self, handle: KVHandle) -> shared_memory.SharedMemory:
         if handle.store != "shm":
@@ -166,6 +155,11 @@ class KVStore:
         """Free one lease and its bytes; True if it existed. Safe to call twice."""
         raw = self.r.get(self.keys.kv_lease(handle_id))
         handle = KVHandle.unpack(raw) if raw is not None else None
+        self._release(handle_id, handle)
+        return handle is not None
+
+    def _release(self, handle_id: str, handle: KVHandle | None) -> None:
+        """The bytes, then every record of the lease (`handle`: None when it is gone already)."""
         if handle is not None and handle.store == "shm" and handle.host == HOST:
             _unlink(handle.location)  # the bytes first: see put()
         pipe = self.r.pipeline()
@@ -174,18 +168,6 @@ class KVStore:
         pipe.delete(self.keys.kv_blob(handle_id))
         if handle is not None:
             pipe.srem(self.keys.kv_owner(handle.owner), handle_id)
-        pipe.execute()
-        return handle is not None
-
-    def _free_taken(self, handle: KVHandle) -> None:
-        """`free` for the consumer, who holds the handle: one round trip, not two."""
-        if handle.store == "shm" and handle.host == HOST:
-            _unlink(handle.location)
-        pipe = self.r.pipeline()
-        pipe.delete(self.keys.kv_lease(handle.handle_id))
-        pipe.zrem(self.keys.kv_leases, handle.handle_id)
-        pipe.delete(self.keys.kv_blob(handle.handle_id))
-        pipe.srem(self.keys.kv_owner(handle.owner), handle.handle_id)
         pipe.execute()
 
     def free_request(self, request_id: str) -> int:

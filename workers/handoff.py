@@ -25,7 +25,20 @@ if TYPE_CHECKING:
     from .worker import Job, Worker
 
 log = logging.getLogger(__name__)
-PREFILL_AHEAD_POLL_S = 0.05  # a CPU slot waits at most this long (plus a prefill) for a prompt
+# How often a worker with a slot to fill reads both classes' loads (one Redis round trip) for
+# `take_queued` or `prefill_ahead`: a free CPU slot waits at most this long for either, and
+# neither check runs at the worker's 5 ms poll, which on a CPU worker is every decode step.
+LOAD_CHECK_S = 0.05
+
+
+def _check_due(worker: Worker) -> bool:
+    """Whether LOAD_CHECK_S has passed since the last `take_queued` / `prefill_ahead` check
+    (a worker makes one of the two: a CPU decode worker the first, an xPU worker the second)."""
+    now = time.monotonic()
+    if now - worker.loads_checked_at < LOAD_CHECK_S:
+        return False
+    worker.loads_checked_at = now
+    return True
 
 
 def _loads_now(worker: Worker) -> dict:
@@ -60,6 +73,8 @@ def take_queued(worker: Worker) -> list[Entry]:
     d = worker.dispatcher
     if worker.stranded is None or worker.opts.device_class != "cpu" or d.slo_itl_s is None:
         return []
+    if not _check_due(worker):
+        return []
     loads = _loads_now(worker)
     decision = d.take_queued(loads["gpu"], loads["cpu"])
     if decision is None:
@@ -76,15 +91,12 @@ def prefill_ahead(worker: Worker) -> list[Entry]:
     its decode goes there right after the prefill step (`decide`). Without it a prompt waits
     for one of the xPU's decode slots before it is prefilled at all, and the CPU's slots
     empty meanwhile: on bench/hetero.py's saturated farm the CPU ran 6.5 of its 8 streams on
-    average and ended at 88% of its standalone tok/s. Checked at most every
-    PREFILL_AHEAD_POLL_S: each check reads both classes' loads from Redis."""
+    average and ended at 88% of its standalone tok/s. Checked at most every LOAD_CHECK_S."""
     queue = worker.prefill_ahead
     if queue is None or worker.slots_held() >= worker.engine.num_slots:
         return []
-    now = time.monotonic()
-    if now - worker.ahead_checked < PREFILL_AHEAD_POLL_S:
+    if not _check_due(worker):
         return []
-    worker.ahead_checked = now
     loads = _loads_now(worker)
     if not worker.dispatcher.offloads_next(loads["gpu"], loads["cpu"]):
         return []

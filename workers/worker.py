@@ -150,7 +150,7 @@ class Worker:
         self.prefill_ahead: WorkQueues | None = None
         if opts.handoff_slots > 0 and {"prefill", "decode"} <= opts.roles:
             self.prefill_ahead = WorkQueues(r, [keys.prefill_stream], opts.worker_id, keys)
-        self.ahead_checked = 0.0
+        self.loads_checked_at = 0.0  # handoff.LOAD_CHECK_S
         self.publisher = TokenPublisher(r, keys, opts.output_ttl)
         self.cancels = CancelWatcher(r, keys)
         self.heartbeat = Heartbeat(r, opts.worker_id, keys, ttl=opts.heartbeat_ttl)

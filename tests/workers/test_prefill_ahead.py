@@ -30,8 +30,8 @@ def _prompt(r: redis.Redis, rid: str, tokens: int = 50) -> None:
 
 
 def _take(w: Worker) -> list:
-    """The worker's next read, past its rate limits (the 5 ms poll, PREFILL_AHEAD_POLL_S)."""
-    w._last_poll = w.ahead_checked = 0.0
+    """The worker's next read, past its rate limits (the 5 ms poll, handoff.LOAD_CHECK_S)."""
+    w._last_poll = w.loads_checked_at = 0.0
     return w._take(w.free_slots(), idle=False)
 
 
