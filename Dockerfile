@@ -13,12 +13,15 @@ WORKDIR /app
 RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev \
  && rm -rf /var/lib/apt/lists/*
 ENV SYSHAX_KERNEL_CACHE=/var/cache/syshax/kernels
+# Every top-level folder that pyproject.toml's package-dir maps into `syshax` (a missing one
+# fails `pip install .`); tests/test_dockerfile.py keeps this list and pyproject's in step.
 COPY pyproject.toml README.md ./
 COPY syshax syshax
 COPY shared shared
 COPY broker broker
 COPY gateway gateway
 COPY workers workers
+COPY batch batch
 RUN pip install --no-cache-dir torch==2.13.0 --index-url "$TORCH_INDEX" \
  && if [ -n "$EXTRAS" ]; then pip install --no-cache-dir --extra-index-url "$TORCH_INDEX" ".[$EXTRAS]"; \
     else pip install --no-cache-dir .; fi \

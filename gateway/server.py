@@ -7,6 +7,7 @@ included) finish for up to `settings.shutdown_timeout` seconds, then runs the ap
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 
 import uvicorn
@@ -32,8 +33,40 @@ def uvicorn_config(
     )
 
 
+def is_loopback(host: str) -> bool:
+    """Whether binding `host` keeps the gateway reachable from this machine only (127.0.0.0/8,
+    ::1, localhost). A host name other than localhost counts as reachable: it may resolve to
+    any interface."""
+    host = host.strip().strip("[]").lower()
+    if host == "localhost":
+        return True
+    try:
+        addr = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        addr = addr.ipv4_mapped  # ::ffff:127.0.0.1 is loopback too (not so before Python 3.13)
+    return addr.is_loopback
+
+
+def warn_if_open(settings: GatewaySettings) -> bool:
+    """Log one WARNING when the gateway binds beyond loopback with no API key: every /v1 route
+    is then open to whoever can reach the port. Returns whether it warned."""
+    if settings.api_keys or is_loopback(settings.host):
+        return False
+    log.warning(
+        "the gateway listens on %s:%d with no API keys: anyone who can reach that address can "
+        "use the API. Set keys with `syshax config api_keys KEY1,KEY2` (or --api-key KEY), "
+        "or bind to 127.0.0.1 (`syshax config conductor.host 127.0.0.1`)",
+        settings.host,
+        settings.port,
+    )
+    return True
+
+
 def serve(settings: GatewaySettings, app: FastAPI | None = None, log_level: str = "info") -> None:
     """Serve until SIGINT/SIGTERM (blocking)."""
     server = uvicorn.Server(uvicorn_config(settings, app, log_level))
+    warn_if_open(settings)
     log.info("gateway on http://%s:%d (model %s)", settings.host, settings.port, settings.model)
     server.run()

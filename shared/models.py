@@ -23,7 +23,8 @@ GGUF_MAGIC = b"GGUF"
 
 
 class GGUFError(ValueError):
-    """A file is not a GGUF file we can read (bad magic, unsupported version, truncated)."""
+    """A file is not a GGUF file we can read (bad magic, unsupported version, truncated, or
+    metadata beyond our bounds: arrays nested too deep, item counts larger than the file)."""
 
 
 def default_model_path() -> Path:
@@ -64,6 +65,13 @@ _SCALAR = {
     12: ("d", 8),  # float64
 }
 _STRING, _ARRAY = 8, 9
+# Arrays of arrays nest no deeper than this: real files use one level (a vocabulary, its
+# scores), and a crafted file could otherwise nest thousands deep and recurse past Python's
+# stack limit (a RecursionError, not a GGUFError).
+MAX_ARRAY_NESTING = 8
+# The fewest bytes one array item of each type takes: an item count claiming more items than
+# the bytes left could hold is refused before anything is read or allocated.
+_MIN_ITEM_BYTES = {**{t: w for t, (_, w) in _SCALAR.items()}, _STRING: 8, _ARRAY: 12}
 
 
 class _Cursor:
@@ -110,14 +118,27 @@ class _Cursor:
         self.pos = pos
         return out
 
-    def value(self, vtype: int) -> Any:
+    def value(self, vtype: int, key: str, depth: int = 0) -> Any:
+        """One value of type `vtype` (of metadata `key`, named in errors); `depth` counts the
+        arrays it is nested in."""
         if vtype in _SCALAR:
             return self.unpack(*_SCALAR[vtype])
         if vtype == _STRING:
             return self.string()
         if vtype == _ARRAY:
+            if depth >= MAX_ARRAY_NESTING:
+                raise GGUFError(
+                    f"{self.path}: GGUF metadata {key!r} nests arrays deeper than "
+                    f"{MAX_ARRAY_NESTING} levels (at byte {self.pos})"
+                )
             itype = self.unpack("I", 4)
             count = self.unpack("Q", 8)
+            left = len(self.buf) - self.pos
+            if itype in _MIN_ITEM_BYTES and count * _MIN_ITEM_BYTES[itype] > left:
+                raise GGUFError(
+                    f"{self.path}: GGUF metadata {key!r} claims {count} array items but only "
+                    f"{left} bytes are left in the file (at byte {self.pos})"
+                )
             if itype in _SCALAR:
                 # One struct call for the whole array: token_type and scores are vocab-sized.
                 fmt, width = _SCALAR[itype]
@@ -127,7 +148,7 @@ class _Cursor:
                 return list(items)
             if itype == _STRING:
                 return self._strings(count)
-            return [self.value(itype) for _ in range(count)]
+            return [self.value(itype, key, depth + 1) for _ in range(count)]
         raise GGUFError(f"{self.path}: unknown GGUF metadata value type {vtype} at byte {self.pos}")
 
 
@@ -228,7 +249,7 @@ def _read(path: Path, with_tensors: bool) -> GGUFInfo:
                 value_types[key] = (vtype, struct.unpack_from("<I", buf, cur.pos)[0])
             else:
                 value_types[key] = (vtype,)
-            metadata[key] = cur.value(vtype)
+            metadata[key] = cur.value(vtype, key)
         if not with_tensors:
             return GGUFInfo(version, metadata, value_types, [], DEFAULT_ALIGNMENT, 0, len(buf))
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
+import socket
 import time
 
 import httpx
@@ -148,6 +150,24 @@ def test_health(thread_farm):
         "workers": {"prefill": 1, "decode": {"gpu": 1, "cpu": 1}},
     }
     assert b"w-expired" not in f.r.smembers(f.keys.workers)
+
+
+def test_health_keeps_the_broker_address_out_of_its_body(thread_farm, caplog):
+    """/health is open (no API key): its 503 says the broker is unreachable, never where the
+    broker is (the exception names its host:port); the log has the detail, once per outage."""
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    f = thread_farm(workers=None, redis_url=f"redis://127.0.0.1:{port}/0")
+    with caplog.at_level(logging.WARNING, logger="syshax.gateway.app"):
+        for _ in range(3):
+            r = httpx.get(f"{f.url}/health")
+            assert r.status_code == 503 and r.headers["Retry-After"]
+            assert r.json()["reason"] == "the message broker is unreachable", r.text
+            assert str(port) not in r.text and "127.0.0.1" not in r.text, r.text
+    outage = [m for m in caplog.messages if "the message broker is unreachable:" in m]
+    assert len(outage) == 1, caplog.messages
+    assert str(port) in outage[0]  # the operator still learns which broker
 
 
 def test_metrics(thread_farm):

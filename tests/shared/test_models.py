@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import struct
 from pathlib import Path
 
 import gguf
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType, GGUFValueType
-from syshax.shared.models import GGUFError, read_gguf_info, read_gguf_metadata
+from syshax.shared.models import (
+    MAX_ARRAY_NESTING,
+    GGUFError,
+    read_gguf_info,
+    read_gguf_metadata,
+)
 
 
 def _write(path: Path, alignment: int | None = None) -> Path:
@@ -86,3 +92,47 @@ def test_the_last_header_is_reused_until_the_file_changes(tmp_path):
     assert again is not info and again.alignment == 64
     other = _write(tmp_path / "n.gguf")
     assert read_gguf_info(other) is not again
+
+
+def _crafted(path: Path, key: str, value: bytes) -> Path:
+    """A GGUF v3 file by hand: no tensors, one metadata key whose type+value bytes are given."""
+    name = key.encode()
+    path.write_bytes(b"GGUF" + struct.pack("<IQQQ", 3, 0, 1, len(name)) + name + value)
+    return path
+
+
+def _nested_arrays(levels: int) -> bytes:
+    """`levels` arrays, each holding the next one, the innermost holding the uint32 7."""
+    value_type = struct.pack("<I", 9)  # ARRAY; each array then names its items' type
+    array_of_one_array = struct.pack("<IQ", 9, 1)  # items ARRAY, 1 item
+    innermost = struct.pack("<IQI", 4, 1, 7)  # items UINT32, 1 item: 7
+    return value_type + array_of_one_array * (levels - 1) + innermost
+
+
+def test_nesting_within_the_limit_reads(tmp_path):
+    path = _crafted(tmp_path / "ok.gguf", "x.nested", _nested_arrays(MAX_ARRAY_NESTING))
+    value = read_gguf_metadata(path)["x.nested"]
+    for _ in range(MAX_ARRAY_NESTING):
+        (value,) = value
+    assert value == 7
+
+
+def test_deeply_nested_arrays_are_a_gguf_error_not_a_recursion_error(tmp_path):
+    """A crafted 60 KB header of arrays nested 5000 deep: before the bound it recursed past
+    Python's stack limit (RecursionError, a traceback for whoever loads it)."""
+    path = _crafted(tmp_path / "deep.gguf", "evil.nested", _nested_arrays(5000))
+    assert path.stat().st_size > 60_000
+    with pytest.raises(GGUFError, match=r"'evil.nested' nests arrays deeper than 8 levels"):
+        read_gguf_metadata(path)
+    just_over = _crafted(tmp_path / "nine.gguf", "k", _nested_arrays(MAX_ARRAY_NESTING + 1))
+    with pytest.raises(GGUFError, match="nests arrays deeper"):
+        read_gguf_info(just_over)
+
+
+@pytest.mark.parametrize("item_type", [4, 8, 9])  # uint32, string, array
+def test_array_counts_beyond_the_file_are_refused_before_reading(tmp_path, item_type):
+    """An item count the bytes left cannot hold (2^60 here) fails at once, naming the key,
+    instead of looping or allocating for items that are not there."""
+    path = _crafted(tmp_path / "big.gguf", "big.array", struct.pack("<IIQ", 9, item_type, 2**60))
+    with pytest.raises(GGUFError, match=r"'big.array' claims 1152921504606846976 array items"):
+        read_gguf_metadata(path)
