@@ -40,12 +40,13 @@ def measure(r, name: str, tokens: int, rounds: int) -> dict[str, float]:
     from syshax.broker.kv_store import KVStore
     from syshax.workers.engine import kv_format
     from syshax.workers.engine.kv_cache import KVCache
+    from syshax.workers.engine.kv_identity import KVIdentity
 
     cfg = _config(*SHAPES[name])
     kv = KVStore(r, Keys("bench-handoff"), ttl=60, worker_id="bench")
     shape = (cfg.num_layers, cfg.num_kv_heads, tokens, cfg.head_dim)
     keys, values = torch.randn(shape).half(), torch.randn(shape).half()
-    blob = kv_format.encode(cfg, keys, values, next_token=1)
+    blob = kv_format.encode(cfg, keys, values, 1, identity=KVIdentity("bench", "bench"))
     size = 16
     cache = KVCache(cfg, -(-tokens // size) + 1, size, torch.float16, "cpu")
     table = list(range(-(-tokens // size)))

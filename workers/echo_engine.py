@@ -13,11 +13,15 @@ import msgpack
 from syshax.shared.sampling import SamplingParams
 
 from .engine.errors import KVFormatError, RequestError
+from .engine.kv_identity import KVIdentity
 from .engine.outputs import EngineStats, StepOutput
 from .engine.protocol import SchedulerRequests
 from .engine.scheduler import DEFAULT_MAX_NUM_BATCHED_TOKENS, Scheduler
 
 ECHO_MODEL_ID = "echo-engine"
+# No weights: the echo stand-in's blobs are told apart by the served name (and, in tests that
+# need two "models", by a weights label of their choosing).
+ECHO_WEIGHTS = "echo"
 
 
 class EchoEngine(SchedulerRequests):
@@ -29,8 +33,11 @@ class EchoEngine(SchedulerRequests):
         max_num_seqs: int = 16,
         step_delay: float = 0.0,
         max_num_batched_tokens: int | None = None,
+        served_model: str = "",
+        weights: str = ECHO_WEIGHTS,
     ):
         self.tokenizer = tokenizer
+        self.kv_identity = KVIdentity(weights, served_model)
         self.max_model_len = max_model_len
         self.step_delay = step_delay  # seconds per step, to imitate a real engine's pace in tests
         # No eos: the echo stand-in always generates exactly max_tokens.
@@ -50,6 +57,8 @@ class EchoEngine(SchedulerRequests):
         blob = msgpack.packb(
             {
                 "model_id": ECHO_MODEL_ID,
+                "weights": self.kv_identity.weights,
+                "served_model": self.kv_identity.served_model,
                 "num_tokens": seq.length - 1,
                 "next_token": seq.output_ids[-1],
             }
@@ -65,10 +74,10 @@ class EchoEngine(SchedulerRequests):
         self, rid: str, blob: bytes, prompt_ids, output_ids, params: SamplingParams
     ) -> None:
         meta = msgpack.unpackb(blob)
-        if (
-            meta.get("model_id") != ECHO_MODEL_ID
-            or meta["num_tokens"] != len(prompt_ids) + len(output_ids) - 1
-        ):
+        if meta.get("model_id") != ECHO_MODEL_ID:
+            raise KVFormatError("not an echo KV blob")
+        self.kv_identity.check(meta.get("weights"), meta.get("served_model"))
+        if meta["num_tokens"] != len(prompt_ids) + len(output_ids) - 1:
             raise KVFormatError("echo KV blob does not match the request")
         seq = self.scheduler.new_sequence(rid, prompt_ids, params, output_ids)
         self.scheduler.add_running(seq, meta["num_tokens"])

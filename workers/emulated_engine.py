@@ -26,6 +26,7 @@ from syshax.shared.sampling import SamplingParams
 from .accelerator_profiles import AcceleratorProfile, ModelScale, load_profile, model_scale
 from .engine.config import ModelConfig
 from .engine.errors import EngineError, RequestError
+from .engine.kv_identity import KVIdentity
 from .engine.outputs import EngineStats, StepOutput
 from .engine.protocol import PortableKV, SchedulerRequests
 from .engine.scheduler import (
@@ -73,6 +74,7 @@ class EmulatedEngine(SchedulerRequests, PortableKV):
         prefix_caching: bool = True,
         mark_text: bool = True,
         sleep: Callable[[float], None] = time.sleep,
+        served_model: str | None = None,
     ):
         """`model`: the farm's model (path, or None for the default), whose shape the KV blobs
         take and whose size scales the profile; `profile`: a built-in name, a YAML/JSON path or
@@ -80,7 +82,9 @@ class EmulatedEngine(SchedulerRequests, PortableKV):
         factor, or a `ModelScale`). The running limit is min(max_num_seqs, profile.max_batch);
         the KV cache holds `kv_capacity_tokens` positions (default: the profile's). `kv_dtype`:
         the dtype of exported blobs (a GPU's KV cache: float16). `mark_text`: prefix the first
-        text of each request started here with MEANINGLESS_NOTICE."""
+        text of each request started here with MEANINGLESS_NOTICE. `served_model`: as the
+        real engine's (the blobs' identity: this model's weights digest and served name, so
+        the CPU workers on the same model take them)."""
         from .engine.loader import resolve_model_path
 
         if kv_dtype not in KV_DTYPES:
@@ -88,6 +92,7 @@ class EmulatedEngine(SchedulerRequests, PortableKV):
         self.profile = profile if isinstance(profile, AcceleratorProfile) else load_profile(profile)
         self.model_path = resolve_model_path(model)
         self.config = read_model_config(self.model_path)
+        self.kv_identity = KVIdentity.of(self.model_path, served_model)
         if scale is None:
             scale = model_scale(self.model_path, self.profile)
         elif not isinstance(scale, ModelScale):
@@ -196,7 +201,7 @@ class EmulatedEngine(SchedulerRequests, PortableKV):
             (c.num_layers, c.num_kv_heads, seq.num_cached, c.head_dim),
             dtype=getattr(torch, self.kv_dtype),
         )
-        blob = kv_format.encode(c, zeros, zeros, next_token=seq.output_ids[-1])
+        blob = kv_format.encode(c, zeros, zeros, seq.output_ids[-1], identity=self.kv_identity)
         if release:
             self.abort(request_id)
         return blob
@@ -214,7 +219,7 @@ class EmulatedEngine(SchedulerRequests, PortableKV):
         from .engine import kv_format
 
         header, _ = kv_format.decode_header(blob)
-        header.check_compatible(self.config)
+        header.check_compatible(self.config, self.kv_identity)
         header.check_request(prompt_ids, output_ids)
         seq = self.scheduler.new_sequence(request_id, prompt_ids, params, output_ids)
         self.scheduler.add_running(seq, header.num_tokens)

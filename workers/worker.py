@@ -18,14 +18,11 @@ import logging
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
-from typing import Any
 
 import redis
 from syshax.broker.dispatcher import Dispatcher
 from syshax.broker.keys import DEVICE_CLASSES, KEYS, Keys
 from syshax.broker.kv_store import KVStore, KVStoreError
-from syshax.broker.liveness import HEARTBEAT_TTL
 from syshax.broker.schemas import (
     DecodeJob,
     KVHandle,
@@ -45,9 +42,11 @@ from syshax.broker.worker_io import (
 from syshax.shared.sampling import SamplingError, SamplingParams
 
 from . import handoff, upkeep
+from .engine.errors import KVIdentityError
 from .engine.outputs import EngineStats, TokenCadence
 from .engine.protocol import EngineProtocol
 from .metrics import WorkerMetrics
+from .worker_options import Job, WorkerOptions
 
 log = logging.getLogger(__name__)
 # While sequences run, look for new work at most this often. A real model's step takes
@@ -70,41 +69,6 @@ def _step_fields(stats: EngineStats, cadence: TokenCadence) -> dict[str, float]:
         "step_row_ms": round(model[1] * 1e3, 4),
         "step_tail": round(times.tail(model), 3),
     }
-
-
-@dataclass
-class Job:
-    entry: Entry
-    kind: str  # "prefill" | "decode"
-    msg: Any  # PrefillJob | DecodeJob
-    params: SamplingParams
-    output_ids: list[int] = field(default_factory=list)  # delivered before this worker took it
-    in_process: bool = False  # prefilled here and decoding here: no handoff
-
-    @property
-    def request_id(self) -> str:
-        return self.msg.request_id
-
-
-@dataclass
-class WorkerOptions:
-    worker_id: str
-    roles: frozenset[str]
-    device_class: str  # "gpu" (the xPU role, even when it runs on a CPU) | "cpu"
-    device: str = "cpu"
-    served_model: str = ""
-    kv_store: str = "auto"  # auto | shm | redis
-    kv_ttl: float = 120.0
-    output_ttl: int = 600
-    heartbeat_s: float = 1.0
-    heartbeat_ttl: float = HEARTBEAT_TTL  # silent this long = dead: others claim our jobs
-    # Engine slots beyond the decode slots (an xPU worker with the prefill role, in a farm
-    # that offloads decode): a prompt prefilled there while every decode slot is busy, for
-    # the CPU to decode (handoff.prefill_ahead). The engine has this many more sequences.
-    handoff_slots: int = 0
-    claim_s: float = 2.0
-    sweep_s: float = 5.0
-    block_ms: int = 100
 
 
 class Worker:
@@ -284,6 +248,15 @@ class Worker:
         if rid in self.jobs:  # a duplicate delivery of a request already running here
             self.queues.ack(entry)
             return
+        served = self.opts.served_model
+        # A job of another model would be answered by this one's weights: refused, never run.
+        # (A job naming no model was queued by hand, not by a gateway: taken as ours.)
+        if served and msg.model and msg.model != served:
+            if kv:
+                self.kv.free(kv.handle_id)
+            reason = f"job for model {msg.model!r}; worker {self.opts.worker_id} serves {served!r}"
+            self._fail(job, reason, "server_error", dead_letter=True)
+            return
         self.jobs[rid] = job
         if is_prefill and not job.output_ids:
             self._guard(job, lambda: self.engine.add_request(rid, msg.prompt_ids, params))
@@ -310,6 +283,10 @@ class Worker:
                     self.engine.import_kv(rid, blob, msg.prompt_ids, job.output_ids, job.params)
                 self.metrics.kv_imports.inc()
                 return
+            except KVIdentityError:
+                # Another model's KV (the lease is freed all the same): recomputing would go
+                # on with this model's weights under the other's first tokens. `_guard` fails it.
+                raise
             except (KVStoreError, ValueError) as exc:
                 log.warning("KV for %s unusable (%s); recomputing from tokens", rid, exc)
         elif msg.kv:
@@ -323,6 +300,8 @@ class Worker:
         """Start a job; a request the engine refuses ends with an error event, not a crash."""
         try:
             start()
+        except KVIdentityError as exc:  # the farm's fault, not the request's: kept to inspect
+            self._fail(job, str(exc), "server_error", dead_letter=True)
         except Exception as exc:  # noqa: BLE001 - any refusal must reach the client
             log.warning("request %s refused: %s", job.request_id, exc)
             self._fail(
@@ -389,7 +368,9 @@ class Worker:
         self.jobs.pop(job.request_id, None)
         self.queues.ack(job.entry)
 
-    def _fail(self, job: Job, message: str, kind: str) -> None:
+    def _fail(self, job: Job, message: str, kind: str, dead_letter: bool = False) -> None:
+        """End a request with an error event; `dead_letter`: its job is moved to the dead
+        letters with `message` as the reason (a job this worker must not run), not acked."""
         rid = job.request_id
         self.engine.abort(rid)
         seq = len(job.output_ids)
@@ -404,7 +385,11 @@ class Worker:
         if job in self.backlog:
             self.backlog.remove(job)
             self._free_lease(job)
-        self._done(job)
+        if dead_letter:
+            self.jobs.pop(rid, None)
+            self.queues.dead_letter(job.entry, message)  # acks it too
+        else:
+            self._done(job)
 
     def _free_lease(self, job: Job) -> None:
         """Free the KV lease of a decode job that never started (started ones took it)."""

@@ -17,7 +17,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "Write a GGUF model file (Llama, Qwen2, Qwen3, Mistral) as a Hugging Face model folder "
         "that transformers, vLLM and this engine (`--model OUTDIR`, the `model` setting) load: config.json, "
         "generation_config.json, safetensors weights (HF names and row order), tokenizer.json "
-        "and tokenizer_config.json with the GGUF's chat template. A quantized GGUF is "
+        "and tokenizer_config.json with the GGUF's chat template, syshax.json with the GGUF's "
+        "weights digest (so workers on the folder and on the GGUF exchange KV). A quantized GGUF is "
         "dequantized: the folder is larger than the file (bfloat16: about 2 bytes per "
         "parameter; a 4-bit GGUF takes about 0.6)."
     )
@@ -80,7 +81,8 @@ def run(args: argparse.Namespace) -> int:
     shards = f" in {result.shards} shards" if result.shards > 1 else ""
     print(
         f"wrote {result.out_dir}: {result.tensors} tensors, "
-        f"{result.weight_bytes / 1e9:.2f} GB of {args.dtype} weights{shards}",
+        f"{result.weight_bytes / 1e9:.2f} GB of {args.dtype} weights{shards}; weights "
+        f"digest {result.weights_digest} (the GGUF's, recorded in syshax.json)",
         file=sys.stderr,
     )
     return 0

@@ -124,15 +124,16 @@ def _args(args, cfg, slots: int):
     return vllm_args(cfg, max_num_seqs=slots, max_model_len=max_model_len, dtype=args.dtype)
 
 
-def build_engine(args, cfg, model: Path, slots: int):
-    """The xPU worker's VllmEngine (imports vLLM): `model` must be an HF folder. A vLLM
-    outside the tested versions raises EngineError, as every refusal the worker reports."""
+def build_engine(args, cfg, model: Path, slots: int, served_model: str | None = None):
+    """The xPU worker's VllmEngine (imports vLLM): `model` must be an HF folder; `served_model`:
+    the name the worker serves (its KV blobs' identity). A vLLM outside the tested versions
+    raises EngineError, as every refusal the worker reports."""
     from syshax.workers.engine.errors import EngineError
     from syshax.workers.vllm.args import VllmArgsError
     from syshax.workers.vllm.engine import VllmEngine
 
     try:
-        return VllmEngine(model, _args(args, cfg, slots))
+        return VllmEngine(model, _args(args, cfg, slots), served_model)
     except VllmArgsError as exc:
         raise EngineError(str(exc)) from None
 

@@ -220,15 +220,23 @@ def _handoff_slots(args, cfg, cls: str, device: str, roles: frozenset[str]) -> i
     return int(cls == "gpu" and accelerator and offloads and {"prefill", "decode"} <= roles)
 
 
+def _served_model(args, cfg) -> str:
+    """The model name this worker serves: its jobs must name it, and its KV blobs carry it."""
+    from syshax.shared.config import derive_model_name
+
+    return cfg.served_model_name or derive_model_name(args.model or cfg.model)
+
+
 def _build_engine(args, cfg, device: str, slots: int, kernels=None, profile=None):
     from syshax.shared.tokenizer import Tokenizer
     from syshax.workers.engine.loader import resolve_model_path
 
     model = args.model or cfg.model
+    served = _served_model(args, cfg)  # every engine's KV identity: weights digest + this
     if args.engine == "vllm":  # vLLM is imported in this branch only
         from syshax.commands.vllm_setup import build_engine
 
-        return build_engine(args, cfg, resolve_model_path(model), slots)
+        return build_engine(args, cfg, resolve_model_path(model), slots, served)
     if args.engine == "emulated":
         from syshax.workers.emulated_engine import EmulatedEngine
 
@@ -241,6 +249,7 @@ def _build_engine(args, cfg, device: str, slots: int, kernels=None, profile=None
             max_num_seqs=slots,
             max_num_batched_tokens=max(cfg.max_num_batched_tokens, slots),
             prefix_caching=cfg.kv.prefix_caching,
+            served_model=served,
         )
     if args.engine == "echo":
         from syshax.workers.echo_engine import EchoEngine
@@ -252,6 +261,7 @@ def _build_engine(args, cfg, device: str, slots: int, kernels=None, profile=None
             max_num_seqs=slots,
             max_num_batched_tokens=max(cfg.max_num_batched_tokens, slots),
             step_delay=args.step_delay,
+            served_model=served,
         )
     from syshax.workers.engine.engine import Engine
 
@@ -265,6 +275,7 @@ def _build_engine(args, cfg, device: str, slots: int, kernels=None, profile=None
         kv_cache_bytes=cfg.kv.cache_mib * 2**20 if cfg.kv.cache_mib else None,
         prefix_caching=cfg.kv.prefix_caching,
         prompt_rows_while_decoding=_prompt_rows_while_decoding(cfg, device),
+        served_model=served,
         **(kernels.engine_kwargs() if kernels is not None else {}),
     )
 
@@ -289,7 +300,7 @@ def run(args: argparse.Namespace) -> int:
 
     from syshax.broker.dispatcher import Dispatcher
     from syshax.broker.keys import Keys
-    from syshax.shared.config import ConfigError, derive_model_name, load_config, resolve_threads
+    from syshax.shared.config import ConfigError, load_config, resolve_threads
     from syshax.workers.metrics import WorkerMetrics, serve_metrics
     from syshax.workers.worker import Worker, WorkerOptions
 
@@ -385,7 +396,7 @@ def run(args: argparse.Namespace) -> int:
         roles=roles,
         device_class=cls,
         device=device,
-        served_model=cfg.served_model_name or derive_model_name(args.model or cfg.model),
+        served_model=_served_model(args, cfg),
         kv_store=cfg.kv.store,
         kv_ttl=cfg.kv.ttl,
         output_ttl=cfg.output.ttl,

@@ -13,6 +13,7 @@ from safetensors import safe_open
 from syshax.shared.models import default_model_path
 from syshax.shared.sampling import SamplingParams
 from syshax.shared.tokenizer import Tokenizer
+from syshax.shared.weights_digest import weights_digest
 from syshax.workers.engine.engine import Engine
 from syshax.workers.engine.gguf_weights import open_gguf
 
@@ -52,9 +53,14 @@ def test_folder_has_hf_files(folder: Path) -> None:
         "generation_config.json",
         "model.safetensors",
         "special_tokens_map.json",
+        "syshax.json",
         "tokenizer.json",
         "tokenizer_config.json",
     }
+    # The folder declares its lineage: its weights digest is the GGUF's, so a worker on it
+    # (vLLM) and one on the GGUF exchange KV (docs/vllm.md).
+    assert weights_digest(folder) == weights_digest(default_model_path())
+    assert json.loads((folder / "syshax.json").read_text())["source"] == default_model_path().name
     config = json.loads((folder / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLM"] and config["torch_dtype"] == "float32"
     assert config["tie_word_embeddings"] is True
@@ -87,12 +93,26 @@ def test_transformers_generates_like_our_engine_on_the_gguf(folder, gguf_engine)
 
 
 def test_our_engine_loads_the_folder(folder, gguf_engine):
-    engine = Engine(folder, max_model_len=256, max_num_seqs=1, progress=False)
+    # Served under the GGUF engine's name (the farm's `served_model_name`), as docs/vllm.md's
+    # vLLM-on-the-folder + CPU-worker-on-the-GGUF farm does.
+    served = gguf_engine.kv_identity.served_model
+    engine = Engine(folder, max_model_len=256, max_num_seqs=1, progress=False, served_model=served)
     prompt = engine.tokenizer.encode_chat(MESSAGES)
     assert prompt == gguf_engine.tokenizer.encode_chat(MESSAGES)
     assert engine.tokenizer.eos_token_ids == gguf_engine.tokenizer.eos_token_ids
     assert engine.config.fingerprint() == gguf_engine.config.fingerprint()
-    assert _greedy(engine, prompt) == _greedy(gguf_engine, prompt)
+    expected = _greedy(engine, prompt)
+    assert expected == _greedy(gguf_engine, prompt)
+    # The folder's KV continues on the GGUF: the same weights identity (syshax.json).
+    assert engine.kv_identity == gguf_engine.kv_identity
+    params = SamplingParams(max_tokens=N_TOKENS, temperature=0, ignore_eos=True)
+    engine.add_request("kv", prompt, params)
+    first = [o.token_id for o in engine.step()]
+    gguf_engine.import_kv("kv", engine.export_kv("kv"), prompt, first, params)
+    rest = []
+    while gguf_engine.has_unfinished():
+        rest += [o.token_id for o in gguf_engine.step()]
+    assert first + rest == expected
 
 
 TEXTS = [

@@ -21,7 +21,7 @@ from syshax.workers.accelerator_profiles import (
     model_scale,
 )
 from syshax.workers.emulated_engine import MEANINGLESS_NOTICE, EmulatedEngine
-from syshax.workers.engine.errors import KVFormatError
+from syshax.workers.engine.errors import KVFormatError, KVIdentityError
 from syshax.workers.engine.protocol import EngineProtocol
 
 PROMPT = list(range(1000, 1064))
@@ -178,6 +178,21 @@ def test_real_blobs_are_imported_and_checked(real_engine):
     while emu.has_unfinished():
         outs += emu.step()
     assert [o.index for o in outs] == list(range(1, 8))
+
+
+def test_blobs_carry_the_served_name_and_the_models_weights_digest(real_engine):
+    """The emulated accelerator's blobs have the identity of the model it emulates: the real
+    engine on that model takes them (above), one serving another name refuses them."""
+    emu = EmulatedEngine(None, "h100", max_model_len=256, served_model="farm-a")
+    assert emu.kv_identity.weights == real_engine.kv_identity.weights
+    emu.add_request("r", PROMPT, greedy(4))
+    emu.step()
+    outputs = emu.output_ids("r")
+    blob = emu.export_kv("r")
+    other = EmulatedEngine(None, "h100", max_model_len=256, served_model="farm-b")
+    with pytest.raises(KVIdentityError, match="'farm-a'.*'farm-b'"):
+        other.import_kv("r", blob, PROMPT, outputs, greedy(4))
+    assert other.request_ids() == []
 
 
 # ---- profiles and scale ----------------------------------------------------------------------

@@ -23,6 +23,7 @@ from syshax.shared.sampling import SamplingParams
 from . import kv_format
 from .errors import EngineError, RequestError
 from .kv_cache import KVCache
+from .kv_identity import KVIdentity
 from .loader import WEIGHT_PLANS, is_gguf, load_model, parse_dtype, resolve_model_path
 from .memory import available_bytes, plan_kv_blocks
 from .outputs import EngineStats, StepOutput
@@ -90,6 +91,7 @@ class Engine(SchedulerRequests, PortableKV):
         block_size: int = DEFAULT_BLOCK_SIZE,
         prefix_caching: bool = True,
         prompt_rows_while_decoding: int | None = None,
+        served_model: str | None = None,
     ):
         """`quantize` and `op_mode` select the native CPU kernels (workers/cpu); None = plain
         PyTorch. `quantize`: "stored" runs a GGUF's own blocks as they are (Q4_0, Q4_1, Q8_0,
@@ -102,7 +104,10 @@ class Engine(SchedulerRequests, PortableKV):
         of `block_size` positions; `kv_cache_bytes` sizes it (default: see
         memory.plan_kv_blocks); `prefix_caching` shares computed prompt blocks.
         `prompt_rows_while_decoding`: the most prompt rows a step that also decodes takes
-        (None: the rest of the budget; see the scheduler)."""
+        (None: the rest of the budget; see the scheduler). `served_model`: the name the farm
+        serves this model as (None: derived from the path, as the config does); with the
+        weights digest it is the identity every exported KV blob carries and every imported
+        one must have (kv_identity.py)."""
         self.device = resolve_device(device)
         if (quantize or op_mode) and self.device.type != "cpu":
             raise EngineError(
@@ -160,6 +165,8 @@ class Engine(SchedulerRequests, PortableKV):
         self.config = loaded.config
         self.model = loaded.model
         self.model_path = loaded.path
+        # Once, at load: the header the loader just read is reused, plus ~256 KiB of samples.
+        self.kv_identity = KVIdentity.of(self.model_path, served_model)
         self.quantize, self.op_mode = quantize, op_mode
         if quantize and not in_blocks:
             from syshax.workers.cpu.build import KernelBuildError
@@ -274,7 +281,9 @@ class Engine(SchedulerRequests, PortableKV):
         if seq is None or not seq.block_table or seq.length - seq.num_cached != 1:
             raise RequestError(f"request {request_id!r} has no KV cache in this engine")
         keys, values = self.cache.read(seq.block_table, seq.num_cached)
-        blob = kv_format.encode(self.config, keys, values, next_token=seq.output_ids[-1])
+        blob = kv_format.encode(
+            self.config, keys, values, seq.output_ids[-1], identity=self.kv_identity
+        )
         if release:
             self.abort(request_id)
         return blob
@@ -289,7 +298,7 @@ class Engine(SchedulerRequests, PortableKV):
     ) -> None:
         """Continue a request from a KV blob made by `export_kv` (any process, device or dtype)."""
         header, keys, values = kv_format.decode(blob)
-        header.check_compatible(self.config)
+        header.check_compatible(self.config, self.kv_identity)
         header.check_request(prompt_ids, output_ids)
         seq = self.scheduler.new_sequence(request_id, prompt_ids, params, output_ids)
         self.scheduler.add_running(seq, header.num_tokens)

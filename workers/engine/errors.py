@@ -17,6 +17,11 @@ class KVFormatError(EngineError, ValueError):
     """A KV-cache blob is corrupt or does not fit the model that tries to import it."""
 
 
+class KVIdentityError(KVFormatError):
+    """A KV-cache blob made by another model (shape, weights or served name differ): the
+    request cannot continue here, not even recomputed, without mixing two models' text."""
+
+
 class CapacityError(EngineError):
     """The engine has no free sequence slot left."""
 

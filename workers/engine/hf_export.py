@@ -11,7 +11,11 @@ The folder is what transformers' `from_pretrained` and vLLM load:
 * `tokenizer.json`: the `tokenizers` pipeline `shared/gguf_tokenizer.py` rebuilds from the
   metadata; `tokenizer_config.json` (special tokens, add_bos/add_eos, the GGUF's chat template
   as `chat_template`) and `special_tokens_map.json`;
-* `generation_config.json`: bos, pad and the end-of-generation ids llama.cpp would stop at.
+* `generation_config.json`: bos, pad and the end-of-generation ids llama.cpp would stop at;
+* `syshax.json` (`shared/weights_digest.LINEAGE_FILE`): the source GGUF's weights digest and
+  name, and the digest of the folder's weights as written. `weights_digest(folder)` returns the
+  source's while the weights are those, so the folder's KV blobs carry the GGUF's identity and
+  an engine on the folder (vLLM) and one on the GGUF exchange KV (docs/vllm.md).
 
 Memory: tensors are dequantized one at a time and written shard by shard (a shard's tensors are
 held until it is written), and each tensor's file pages are released once read: peak memory is
@@ -34,6 +38,7 @@ from typing import Any
 
 import torch
 from safetensors.torch import save_file
+from syshax.shared.weights_digest import LINEAGE_FILE, lineage_record
 from tqdm import tqdm
 
 from .errors import ExportError, ModelLoadError
@@ -49,7 +54,7 @@ INDEX_FILE = "model.safetensors.index.json"
 _OWNED = re.compile(
     r"model(-\d+-of-\d+)?\.safetensors|model\.safetensors\.index\.json|config\.json|"
     r"generation_config\.json|tokenizer\.json|tokenizer_config\.json|special_tokens_map\.json|"
-    r"chat_template\.(jinja|json)|added_tokens\.json"
+    r"chat_template\.(jinja|json)|added_tokens\.json|syshax\.json"
 )
 _UNITS = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
 
@@ -61,6 +66,7 @@ class ExportResult:
     tensors: int
     weight_bytes: int
     shards: int
+    weights_digest: str = ""  # the source's, recorded in LINEAGE_FILE
 
 
 def parse_size(text: str | int) -> int:
@@ -162,17 +168,22 @@ def export_hf(
             "metadata": {"total_size": total},
             "weight_map": dict(sorted(weight_map.items())),
         }
+    # After the index: the folder's digest reads the shards it lists.
+    docs[LINEAGE_FILE] = None
     docs.update(tok_files)
     docs["generation_config.json"] = _generation_config(gg.hf_config, eog)
     docs["config.json"] = dict(sorted({**cfg, "torch_dtype": dtype_name(torch_dtype)}.items()))
+    lineage: dict[str, Any] = {}
     for name, doc in docs.items():
+        if name == LINEAGE_FILE:
+            doc = lineage = lineage_record(gg.path, out)
         if name == "tokenizer.json":
             _write(out / name, lambda tmp, b=doc: b.save(tmp))
         else:
             text = json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
             _write(out / name, lambda tmp, s=text: Path(tmp).write_text(s, encoding="utf-8"))
         written.append(name)
-    return ExportResult(out, written, len(names), total, len(files))
+    return ExportResult(out, written, len(names), total, len(files), lineage["weights_digest"])
 
 
 def dtype_name(dtype: torch.dtype) -> str:

@@ -11,6 +11,10 @@ Layout (all little-endian):
 
 Positions are implicit: the tokens occupy positions [0, num_tokens) and `next_token` is the
 input of the next decode step at position `num_tokens`.
+
+The header names the model three ways, all checked on import: its shape, its fingerprint
+(config.py: architecture and rope) and its identity (kv_identity.py: the weights digest and
+the served model name), so a blob of a same-shape fine-tune is refused, not decoded on.
 """
 
 from __future__ import annotations
@@ -24,10 +28,11 @@ from dataclasses import asdict, dataclass
 import torch
 
 from .config import ModelConfig
-from .errors import KVFormatError
+from .errors import KVFormatError, KVIdentityError
+from .kv_identity import KVIdentity
 
 MAGIC = b"SYSHAXKV"
-VERSION = 1
+VERSION = 2  # 2: the identity fields (weights, served_model)
 ALIGN = 64
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -36,7 +41,9 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 class KVHeader:
     version: int
     model_id: str  # ModelConfig.fingerprint(): shape and rope, independent of dtype and device
-    model_name: str
+    model_name: str  # ModelConfig.name (the file or folder name), for messages
+    weights: str  # KVIdentity.weights: the digest of the weights that computed this KV
+    served_model: str  # KVIdentity.served_model: the name the exporting worker serves
     num_layers: int
     num_kv_heads: int
     head_dim: int
@@ -50,20 +57,22 @@ class KVHeader:
         elem = torch.empty((), dtype=_DTYPES[self.dtype]).element_size()
         return self.num_layers * self.num_kv_heads * self.num_tokens * self.head_dim * elem
 
-    def check_compatible(self, config: ModelConfig) -> None:
-        """Refuse a blob made by another model, with a message naming what differs."""
+    def check_compatible(self, config: ModelConfig, identity: KVIdentity) -> None:
+        """Refuse a blob made by another model (KVIdentityError), with a message naming what
+        differs: the shape, then the fingerprint, then the weights and served name."""
         ours = (config.num_layers, config.num_kv_heads, config.head_dim)
         theirs = (self.num_layers, self.num_kv_heads, self.head_dim)
         if theirs != ours:
-            raise KVFormatError(
+            raise KVIdentityError(
                 f"KV blob does not fit this model: blob has layers/kv_heads/head_dim {theirs}, "
                 f"model {config.name!r} has {ours}"
             )
         if self.model_id != config.fingerprint():
-            raise KVFormatError(
+            raise KVIdentityError(
                 f"KV blob comes from model {self.model_name!r} (id {self.model_id}), not "
                 f"{config.name!r} (id {config.fingerprint()}): same shape, different model"
             )
+        identity.check(self.weights, self.served_model)
 
     def check_request(self, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> None:
         """Refuse a blob that is not this request's KV: it must hold every token but the last
@@ -82,13 +91,23 @@ def describe(blob: bytes | memoryview) -> dict:
     return asdict(decode_header(blob)[0])
 
 
-def encode(config: ModelConfig, keys: torch.Tensor, values: torch.Tensor, next_token: int) -> bytes:
-    """keys/values: [layers, kv_heads, num_tokens, head_dim] on any device."""
+def encode(
+    config: ModelConfig,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    next_token: int,
+    *,
+    identity: KVIdentity,
+) -> bytes:
+    """keys/values: [layers, kv_heads, num_tokens, head_dim] on any device; `identity`: the
+    exporting engine's (its importer must have the same)."""
     dtype = next(name for name, dt in _DTYPES.items() if dt == keys.dtype)
     header = KVHeader(
         version=VERSION,
         model_id=config.fingerprint(),
         model_name=config.name,
+        weights=identity.weights,
+        served_model=identity.served_model,
         num_layers=keys.shape[0],
         num_kv_heads=keys.shape[1],
         head_dim=keys.shape[3],
@@ -115,13 +134,19 @@ def decode_header(blob: bytes | memoryview) -> tuple[KVHeader, int]:
     (n,) = struct.unpack("<I", bytes(blob[8:12]))
     try:
         raw = json.loads(bytes(blob[12 : 12 + n]).decode())
-        header = KVHeader(**raw)
-    except (UnicodeDecodeError, json.JSONDecodeError, TypeError) as exc:
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise KVFormatError(f"KV blob header is corrupt: {exc}") from exc
-    if header.version != VERSION:
-        raise KVFormatError(
-            f"KV blob version {header.version} is not supported (expected {VERSION})"
-        )
+    # The version first: another version's fields are not ours, and saying so is clearer
+    # than naming the field that is missing.
+    version = raw.get("version") if isinstance(raw, dict) else None
+    if version != VERSION:
+        raise KVFormatError(f"KV blob version {version!r} is not supported (expected {VERSION})")
+    try:
+        header = KVHeader(**raw)
+    except TypeError as exc:  # a missing or unknown field
+        raise KVFormatError(f"KV blob header is corrupt: {exc}") from exc
+    if not all(isinstance(v, str) for v in (header.model_id, header.weights, header.served_model)):
+        raise KVFormatError("KV blob header is corrupt: model_id/weights/served_model not strings")
     if header.dtype not in _DTYPES or header.byteorder != "little":
         raise KVFormatError(
             f"KV blob dtype/byteorder {header.dtype}/{header.byteorder} not supported"

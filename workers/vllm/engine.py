@@ -25,6 +25,7 @@ from syshax.shared import env
 from syshax.shared.sampling import SamplingParams
 
 from ..engine.errors import EngineError, KVFormatError, RequestError
+from ..engine.kv_identity import KVIdentity
 from ..engine.outputs import EngineStats, StepOutput
 from ..engine.protocol import PortableKV
 from .args import VllmArgs, VllmArgsError, check_version
@@ -35,8 +36,13 @@ CONNECTOR_MODULE = "syshax.workers.vllm.connector"
 
 
 class VllmEngine(PortableKV):
-    def __init__(self, model: str | Path, args: VllmArgs | None = None):
-        """`model`: an HF folder (`syshax convert MODEL.gguf DIR` makes one from a GGUF)."""
+    def __init__(
+        self, model: str | Path, args: VllmArgs | None = None, served_model: str | None = None
+    ):
+        """`model`: an HF folder (`syshax convert MODEL.gguf DIR` makes one from a GGUF).
+        `served_model`: the name the farm serves it as (None: the folder's name); with the
+        folder's weights digest (a converted folder: its source GGUF's, so CPU workers on the
+        GGUF take its KV) the identity of the blobs it makes and takes (kv_identity.py)."""
         args = args or VllmArgs()
         if args.tensor_parallel_size != 1:
             raise EngineError(
@@ -84,6 +90,7 @@ class VllmEngine(PortableKV):
         self._max_num_seqs = int(vcfg.scheduler_config.max_num_seqs)
         self.stats = EngineStats()
         self.config = _model_config(path)
+        self.kv_identity = KVIdentity.of(path, served_model)
         # request id -> (prompt ids, output ids so far); a resumed request's earlier outputs
         # are in its output ids and travel to vLLM as part of the prompt
         self._requests: dict[str, tuple[list[int], list[int]]] = {}
@@ -244,7 +251,7 @@ class VllmEngine(PortableKV):
             raise RequestError(f"vLLM freed no KV for request {request_id!r}") from None
         except ValueError as exc:  # the connector's gather failed (KVLayoutError)
             raise RequestError(f"KV of request {request_id!r} not readable: {exc}") from exc
-        return kv_format.encode(self.config, keys, values, next_token=done[-1])
+        return kv_format.encode(self.config, keys, values, done[-1], identity=self.kv_identity)
 
     def import_kv(
         self,
@@ -257,13 +264,14 @@ class VllmEngine(PortableKV):
         """Continue a request from a CPU worker's KV: vLLM admits it with every token as its
         prompt, the connector writes the blob's positions into the blocks vLLM allocates (all
         but the last output, which vLLM computes to sample the next), and vLLM decodes on.
-        A blob of another model, another request or a shape vLLM's caches do not take raises
-        `KVFormatError` before vLLM sees the request (the worker then recomputes)."""
+        A blob of another model (shape, fingerprint, weights or served name: `KVIdentityError`,
+        the worker fails the request), another request or a shape vLLM's caches do not take
+        (`KVFormatError`: the worker recomputes) is refused before vLLM sees the request."""
         from ..engine import kv_format
         from . import connector, kv_layout
 
         header, keys, values = kv_format.decode(blob)
-        header.check_compatible(self.config)
+        header.check_compatible(self.config, self.kv_identity)
         header.check_request(prompt_ids, output_ids)
         try:
             connector.check_loadable(self._engine_id, keys)

@@ -10,8 +10,9 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from syshax.shared.gguf_tokenizer import _byte_map
+from syshax.shared.weights_digest import LINEAGE_FILE, folder_digest, weights_digest
 from syshax.workers.engine import hf_weights
 from syshax.workers.engine.errors import ExportError, ModelLoadError
 from syshax.workers.engine.gguf_weights import open_gguf
@@ -106,6 +107,32 @@ def test_untied_qwen2_loads_in_transformers_with_every_weight(tmp_path):
     assert list(ids) == [1, TOKENS.index("t"), TOKENS.index("t"), TOKENS.index("Ġt"), 2]
 
 
+def test_the_folder_records_and_returns_its_source_digest(tmp_path):
+    """The folder's weights_digest is the GGUF's (recorded in syshax.json), so an engine on
+    the folder and one on the GGUF exchange KV; weights changed since give their own."""
+    path = _tiny_qwen2(tmp_path / "tiny.gguf")
+    source = weights_digest(path)
+    out = tmp_path / "hf"
+    result = export_hf(path, out, dtype="float32", shard_size=8192, progress=False)
+    assert result.shards > 1 and result.weights_digest == source
+    record = json.loads((out / LINEAGE_FILE).read_text())
+    assert record == {
+        "weights_digest": source,
+        "source": "tiny.gguf",
+        "folder_digest": folder_digest(out),
+    }
+    assert weights_digest(out) == source
+    other = _tiny_qwen2(tmp_path / "other.gguf", big=3.0)  # same shape, one tensor changed
+    assert weights_digest(other) != source
+    weight_map = json.loads((out / "model.safetensors.index.json").read_text())["weight_map"]
+    shard = out / weight_map["model.layers.0.post_attention_layernorm.weight"]
+    tensors = load_file(shard)
+    for name in tensors:
+        tensors[name] = tensors[name] + 1
+    save_file(tensors, shard)  # a fine-tune saved over the folder
+    assert weights_digest(out) == folder_digest(out) != source
+
+
 def test_shards_with_index_and_force_replaces_a_model_folder(tmp_path):
     path = _tiny_qwen2(tmp_path / "tiny.gguf")
     out = tmp_path / "hf"
@@ -121,7 +148,7 @@ def test_shards_with_index_and_force_replaces_a_model_folder(tmp_path):
     assert n > 2 and names == sorted(
         [*shards, "model.safetensors.index.json", "notes.txt", "config.json"]
         + ["generation_config.json", "tokenizer.json", "tokenizer_config.json"]
-        + ["special_tokens_map.json"]
+        + ["special_tokens_map.json", "syshax.json"]
     )
     index = json.loads((out / "model.safetensors.index.json").read_text())
     gg = open_gguf(path)

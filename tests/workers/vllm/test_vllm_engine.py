@@ -155,7 +155,7 @@ def test_imported_kv_is_what_vllm_attends_to(vllm_engine, cpu_engine, prompts):
     vllm_engine._llm.reset_prefix_cache()
     done, blob = _cpu_tokens_and_blob(cpu_engine, "z", prompts[2], 5)
     header, keys, values = kv_format.decode(blob)
-    zeroed = kv_format.encode(cpu_engine.config, keys, torch.zeros_like(values), header.next_token)
+    zeroed = kv_format.encode(cpu_engine.config, keys, torch.zeros_like(values), header.next_token, identity=cpu_engine.kv_identity)  # fmt: skip
     vllm_engine.import_kv("z", zeroed, prompts[2], done, LONG)
     rest = [o.token_id for o in _run_existing(vllm_engine, "z")]
     assert done + rest != reference
