@@ -254,12 +254,19 @@ def launched_farm(args: argparse.Namespace, info: dict[str, Any] | None = None) 
     engines as `syshax run --engine` does (emulated: the xPU worker's; the CPU workers run
     the model)."""
     import yaml
-    from syshax.broker.embedded import EmbeddedRedis, free_port
+    from syshax.broker.embedded import free_port
+    from syshax.broker.farm_redis import FarmRedis
 
     from syshax.commands.run import engines, layout
 
-    redis, port = EmbeddedRedis().start(), free_port()
+    # The embedded Redis as `syshax run` starts it (a unix socket, a password, an AOF), its
+    # URL handed to the farm in the environment as `syshax run` does.
     logdir = Path(tempfile.mkdtemp(prefix="syshax-bench-"))
+    redis, port = FarmRedis(logdir / "redis"), free_port()
+    redis.write_conf()
+    redis_proc = subprocess.Popen(redis.argv())
+    redis.wait_ready(alive=lambda: redis_proc.poll() is None)
+    farm_env = {**os.environ, "SYSHAX_REDIS_URL": redis.url}
     cfg_args = []
     if settings := farm_settings(args):
         (logdir / "config.yaml").write_text(yaml.safe_dump(settings, sort_keys=False))
@@ -272,11 +279,11 @@ def launched_farm(args: argparse.Namespace, info: dict[str, Any] | None = None) 
     xpu_engine, cpu_engine = engines(cfg, args.launch)
     n_cpu, xpu_threads = layout(cfg, args.cpu_workers, xpu_engine)
     cli = [sys.executable, "-m", "syshax.cli"]
-    worker = ["worker", "--redis-url", redis.url] + cfg_args
+    worker = ["worker"] + cfg_args
     worker += ["--max-batch-size", str(args.max_batch_size)] if args.max_batch_size else []
     threads = ["--threads", str(args.threads)] if args.threads else []
     xpu_threads_arg = threads or (["--threads", str(xpu_threads)] if xpu_threads else [])
-    cmds = {"gateway": cli + ["gateway", "--redis-url", redis.url, "--port", str(port), "--log-level", "warning"] + cfg_args}  # fmt: skip
+    cmds = {"gateway": cli + ["gateway", "--port", str(port), "--log-level", "warning"] + cfg_args}  # fmt: skip
     cmds["xpu-worker"] = cli + worker + ["--engine", xpu_engine] + xpu_threads_arg + ["--roles", "prefill,decode", "--device-class", "gpu"]  # fmt: skip
     for i in range(n_cpu):
         cmds[f"cpu-worker-{i}"] = cli + worker + ["--engine", cpu_engine] + threads + ["--roles", "decode", "--device", "cpu", "--device-class", "cpu"]  # fmt: skip
@@ -284,7 +291,7 @@ def launched_farm(args: argparse.Namespace, info: dict[str, Any] | None = None) 
     try:
         for name, argv in cmds.items():
             with open(logdir / f"{name}.log", "wb") as log:
-                procs[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+                procs[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=farm_env)  # fmt: skip
         print(f"# farm: gateway on port {port}, {len(procs) - 1} workers, logs in {logdir}", file=sys.stderr)  # fmt: skip
         wait_health(f"http://127.0.0.1:{port}", procs, logdir, args.launch_timeout)
         yield f"http://127.0.0.1:{port}/v1"
@@ -299,7 +306,8 @@ def launched_farm(args: argparse.Namespace, info: dict[str, Any] | None = None) 
                 except subprocess.TimeoutExpired:
                     p.kill()
                     p.wait()
-        redis.stop()
+        redis_proc.terminate()
+        redis_proc.wait()
 
 
 def farm_config(args: argparse.Namespace):

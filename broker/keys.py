@@ -6,9 +6,17 @@ farms can share one Redis by using different prefixes.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 DEVICE_CLASSES = ("gpu", "cpu")
+
+
+def farm_tag(address: str, prefix: str) -> str:
+    """A short name of one farm on a host: its Redis `address` (host:port/db or socket path,
+    never credentials) and key prefix. It names the farm's shared-memory KV segments, so a
+    farm sweeps its own and never another's (several farms may share a host, or a prefix)."""
+    return hashlib.sha256(f"{address}|{prefix}".encode()).hexdigest()[:10]
 
 
 @dataclass(frozen=True)

@@ -9,12 +9,18 @@ Backends, by where the consumer is:
 Every handle is a lease recorded in Redis (hash + an expiry index + an owner index): the
 consumer frees it after import (`take`), the TTL sweeper frees orphans, and cancelling a
 request frees its lease wherever the bytes are. Leaked KV is a bug; `stats()` counts leases.
+
+Shared-memory segments are named `syshax-kv-<farm>-<handle>`, `<farm>` being `keys.farm_tag`
+of the farm's Redis and prefix: `syshax run` sweeps its own farm's segments at start and at
+stop (`sweep_segments`), so a farm killed with SIGKILL leaves nothing in /dev/shm past its next
+start, and never touches another farm's.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import socket
 import time
 import uuid
@@ -23,11 +29,33 @@ from multiprocessing import resource_tracker, shared_memory
 
 import redis
 
-from .keys import KEYS, Keys
+from .keys import KEYS, Keys, farm_tag
 from .schemas import KVHandle
 
 log = logging.getLogger(__name__)
 HOST = socket.gethostname()
+SHM_DIR = "/dev/shm"  # where POSIX shared memory appears on Linux
+
+
+def segment_prefix(farm: str) -> str:
+    return f"syshax-kv-{farm}-"
+
+
+def sweep_segments(farm: str) -> int:
+    """Unlink every shared-memory KV segment of this farm (at `syshax run`'s start and stop,
+    when none of its workers runs); returns how many. Nothing to do where /dev/shm is absent."""
+    try:
+        names = os.listdir(SHM_DIR)
+    except OSError:
+        return 0
+    prefix = segment_prefix(farm)
+    swept = 0
+    for name in names:
+        if name.startswith(prefix):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(SHM_DIR, name))
+                swept += 1
+    return swept
 
 
 class KVStoreError(RuntimeError):
@@ -35,11 +63,20 @@ class KVStoreError(RuntimeError):
 
 
 class KVStore:
-    def __init__(self, r: redis.Redis, keys: Keys = KEYS, ttl: float = 120.0, worker_id: str = ""):
+    def __init__(
+        self,
+        r: redis.Redis,
+        keys: Keys = KEYS,
+        ttl: float = 120.0,
+        worker_id: str = "",
+        farm: str | None = None,
+    ):
         self.r = r
         self.keys = keys
         self.ttl = ttl
         self.worker_id = worker_id
+        # Names this store's segments; None = the tag of this client's own connection.
+        self.farm = farm if farm is not None else farm_tag(_address(r), keys.prefix)
 
     # ---- producer ----------------------------------------------------------------------
 
@@ -64,7 +101,7 @@ class KVStore:
         )
         pipe = self.r.pipeline()
         if store == "shm":
-            handle.location = f"syshax-kv-{handle_id[:24]}"
+            handle.location = segment_prefix(self.farm) + handle_id[:24]
         elif store == "redis":
             handle.location = self.keys.kv_blob(handle_id)
             pipe.set(handle.location, blob, px=int(self.ttl * 1000) + 60_000)
@@ -200,6 +237,13 @@ class KVStore:
             if raw is not None:
                 total += KVHandle.unpack(raw).nbytes
         return len(ids), total
+
+
+def _address(r: redis.Redis) -> str:
+    """Where a client connects (host:port/db or socket path), without credentials."""
+    kw = r.connection_pool.connection_kwargs
+    where = kw.get("path") or f"{kw.get('host', '')}:{kw.get('port', '')}"
+    return f"{where}/{kw.get('db', 0)}"
 
 
 def _untrack(seg: shared_memory.SharedMemory) -> None:

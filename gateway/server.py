@@ -7,11 +7,11 @@ included) finish for up to `settings.shutdown_timeout` seconds, then runs the ap
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 
 import uvicorn
 from fastapi import FastAPI
+from syshax.shared.net import is_loopback
 
 from .app import create_app
 from .settings import GatewaySettings
@@ -31,22 +31,6 @@ def uvicorn_config(
         timeout_graceful_shutdown=settings.shutdown_timeout,
         access_log=log_level == "debug",
     )
-
-
-def is_loopback(host: str) -> bool:
-    """Whether binding `host` keeps the gateway reachable from this machine only (127.0.0.0/8,
-    ::1, localhost). A host name other than localhost counts as reachable: it may resolve to
-    any interface."""
-    host = host.strip().strip("[]").lower()
-    if host == "localhost":
-        return True
-    try:
-        addr = ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
-        addr = addr.ipv4_mapped  # ::ffff:127.0.0.1 is loopback too (not so before Python 3.13)
-    return addr.is_loopback
 
 
 def warn_if_open(settings: GatewaySettings) -> bool:

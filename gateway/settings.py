@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from syshax.shared.config import Config, derive_model_name
+from syshax.shared.config_schema import LimitsConfig
 from syshax.shared.models import GGUF_MAGIC, default_model_path, read_gguf_metadata
 
 # The defaults this dataclass shares with the farm's Config are read from it, so a bare
@@ -33,9 +34,10 @@ class GatewaySettings:
     port: int = _CFG.conductor.port
     poll_interval: float = 0.5  # seconds of pub/sub silence before reading the output stream
     disconnect_grace: float = 0.5  # seconds a dropped stream waits for a resume before cancel
-    shutdown_timeout: float = 30.0  # seconds open streams get to finish on SIGTERM
+    shutdown_timeout: float = float(_CFG.shutdown_grace)  # seconds streams get to finish on stop
     retry_after: int = 1  # seconds, for 429/503 responses
     max_body_bytes: int = 10 * 2**20  # larger request bodies get 413 (0 = no limit)
+    limits: LimitsConfig = field(default_factory=LimitsConfig)  # per-request bounds
 
     @classmethod
     def from_config(cls, cfg: Config, redis_url: str | None = None) -> GatewaySettings:
@@ -53,6 +55,8 @@ class GatewaySettings:
             key_prefix=cfg.redis.prefix,
             host=cfg.conductor.host,
             port=cfg.conductor.port,
+            shutdown_timeout=float(cfg.shutdown_grace),
+            limits=cfg.limits,
         )
 
     def model_path(self) -> Path:

@@ -75,7 +75,17 @@ class RedisConfig(_Section):
 
     url: Text | None = Field(
         None,
-        description="null = start an embedded Redis on a free port (syshax run); else redis://[:password@]host:port/db, rediss:// for TLS, or unix:///path.sock",
+        description="null = syshax run starts an embedded Redis, closed to other local users (a unix socket in the farm's 0700 directory, a generated password, an ACL user without admin commands); else redis://[user:password@]host:port/db, rediss:// for TLS, or unix://[user:password@]/path.sock",
+    )
+    embedded_port: int | None = Field(
+        None,
+        description="the embedded Redis also listens on 127.0.0.1 at this TCP port (still password-protected: the URL is in the farm's runtime file); null = unix socket only",
+        **_PORT,
+    )
+    maxmemory_mib: int = Field(
+        2048,
+        ge=16,
+        description="memory cap of the embedded Redis in MiB (noeviction: past it, writes fail and the gateway answers 503 with Retry-After instead of the server being OOM-killed); an external Redis keeps its own maxmemory",
     )
     prefix: Text = Field(
         "syshax",
@@ -232,6 +242,23 @@ class QueueConfig(_Section):
     )
 
 
+class LimitsConfig(_Section):
+    """bounds on what one request may carry (each refused with a 400 naming the field and the limit)"""
+
+    stop_strings: int = Field(
+        16, ge=1, le=1024, description="most stop strings per request (OpenAI allows 4)"
+    )
+    stop_chars: int = Field(256, ge=1, le=65536, description="most characters per stop string")
+    messages: int = Field(2048, ge=1, description="most chat messages per request")
+    content_parts: int = Field(
+        256, ge=1, description="most content parts (a list of text parts) per chat message"
+    )
+    tools: int = Field(128, ge=1, description="most tools per request (OpenAI allows 128)")
+    logit_bias: int = Field(
+        300, ge=1, description="most logit_bias entries per request (OpenAI allows 300)"
+    )
+
+
 class KVConfig(_Section):
     """KV-cache handoff from prefill to decode"""
 
@@ -313,6 +340,11 @@ class Config(_Section):
     request_timeout: int = Field(
         600, ge=1, description="seconds a request may take, end to end, before it is cancelled"
     )
+    shutdown_grace: int = Field(
+        30,
+        ge=0,
+        description="seconds streams in flight get to finish when syshax run or syshax gateway is stopped (Ctrl-C or SIGTERM; a second Ctrl-C stops at once); new requests are refused meanwhile",
+    )
     log_level: Annotated[LogLevel, BeforeValidator(_text)] = Field(
         "info",
         description="level of the long-running commands (run, worker, gateway, batch worker): "
@@ -324,6 +356,7 @@ class Config(_Section):
     cpu: CpuConfig = Field(default_factory=CpuConfig)
     slo: SloConfig = Field(default_factory=SloConfig)
     queue: QueueConfig = Field(default_factory=QueueConfig)
+    limits: LimitsConfig = Field(default_factory=LimitsConfig)
     kv: KVConfig = Field(default_factory=KVConfig)
     output: OutputConfig = Field(default_factory=OutputConfig)
     api_keys: list[Text] = Field(

@@ -70,6 +70,13 @@ def config_path() -> Path | None:
     return Path(value).expanduser() if value is not None else None
 
 
+def redis_url() -> str | None:
+    """SYSHAX_REDIS_URL: the Redis URL when no --redis-url is given (before redis.url). `syshax
+    run` hands its children the farm's URL this way: a process's environment is readable only
+    by its owner, its command line by every local user, and the URL may hold a password."""
+    return _raw("SYSHAX_REDIS_URL")
+
+
 def inference_op_mode() -> str | None:
     """INFERENCE_OP_MODE: 'fused' runs each decode step in one native call, 'none' (or 'None')
     keeps PyTorch ops; unset (None) = the default rule (fused when the weights are native
@@ -186,6 +193,7 @@ def use_short_omp_spin() -> None:
 ENV_VARS: dict[str, Callable[[], Any]] = {
     "DEBUG": debug,
     "SYSHAX_CONFIG": config_path,
+    "SYSHAX_REDIS_URL": redis_url,
     "INFERENCE_OP_MODE": inference_op_mode,
     "OMP_NUM_THREADS": omp_num_threads,
     "CUSTOM_CPU_AFFINITY": custom_cpu_affinity,

@@ -1,12 +1,17 @@
 """Where a running `syshax run` farm is, for the commands started beside it.
 
-`syshax run` with no `redis.url` starts an embedded Redis on a free port: nothing else could
-know that address. So `syshax run` publishes a small runtime file (its pid, the Redis URL, the
-gateway URL, the config file and key prefix) under the user's state directory, removes it when
-it exits, and every client command (batch, top, dashboard, worker, gateway) that has no
-`--redis-url` and no `redis.url` looks it up: the file for the same config file and prefix, so
-two farms on one host (two configs, or two prefixes) stay apart. A file whose pid is dead (a
-farm killed with SIGKILL) is ignored and removed.
+`syshax run` with no `redis.url` starts an embedded Redis on a unix socket with a generated
+password: nothing else could know that address. So `syshax run` publishes a small runtime file
+(its pid, the Redis URL, the gateway URL, the config file and key prefix) in the farm's
+directory, removes it when it exits, and every client command (batch, top, dashboard, worker,
+gateway) that has no `--redis-url`, no $SYSHAX_REDIS_URL and no `redis.url` looks it up: the
+file for the same config file and prefix, so two farms on one host (two configs, or two
+prefixes) stay apart. A file whose pid is dead (a farm killed with SIGKILL) is ignored and
+removed.
+
+The farm's directory (`farm_dir`: $XDG_STATE_HOME/syshax/farms/<key>/) is 0700 and the file in
+it 0600: the URL holds the embedded Redis's password, so no other local user may read it. The
+embedded Redis keeps its config, AOF and (when the path is short enough) its socket there too.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from . import env
+from .private_files import private_dir, write_private
 
 
 @dataclass(frozen=True)
@@ -31,19 +37,27 @@ class FarmInfo:
     started: float
 
 
-def farm_file(config: Path, prefix: str) -> Path:
+def farm_dir(config: Path, prefix: str, create: bool = False) -> Path:
+    """The private directory of the farm of this config file and key prefix (made 0700, with
+    its parents, when `create`)."""
     key = hashlib.sha256(f"{Path(config).expanduser().absolute()}|{prefix}".encode()).hexdigest()
-    return env.state_dir() / "farms" / f"{key[:16]}.json"
+    path = env.state_dir() / "farms" / key[:16]
+    if create:
+        private_dir(path.parent)
+        private_dir(path)
+    return path
+
+
+def farm_file(config: Path, prefix: str) -> Path:
+    return farm_dir(config, prefix) / "farm.json"
 
 
 def publish(config: Path, prefix: str, redis_url: str, gateway_url: str) -> Path:
-    """Write this process's farm file (atomically: a reader never sees half of it)."""
+    """Write this process's farm file: 0600 in a 0700 directory, atomically."""
     info = FarmInfo(os.getpid(), redis_url, gateway_url, str(config), prefix, time.time())
+    farm_dir(config, prefix, create=True)
     path = farm_file(config, prefix)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(asdict(info)))
-    tmp.replace(path)
+    write_private(path, json.dumps(asdict(info)))
     return path
 
 
@@ -80,9 +94,11 @@ def find(config: Path, prefix: str) -> FarmInfo | None:
 
 
 def redis_url(explicit: str | None, cfg, config: Path, command: str) -> str | None:
-    """The Redis URL a client command uses: --redis-url, else redis.url, else the running farm
-    of this config (saying so on stderr); None when there is none."""
-    url = explicit or cfg.redis.url
+    """The Redis URL a client command uses: --redis-url, else $SYSHAX_REDIS_URL (how `syshax
+    run` hands it to its children: an environment is readable only by its owner, a command line
+    by everyone), else redis.url, else the running farm of this config (saying so on stderr,
+    password hidden); None when there is none."""
+    url = explicit or env.redis_url() or cfg.redis.url
     if url:
         return url
     farm = find(config, cfg.redis.prefix)
@@ -90,15 +106,17 @@ def redis_url(explicit: str | None, cfg, config: Path, command: str) -> str | No
         return None
     import sys
 
+    from .config import redact_url
+
     print(
         f"syshax {command}: using the farm of `syshax run` (pid {farm.pid}, config "
-        f"{farm.config}): {farm.redis_url}",
+        f"{farm.config}): {redact_url(farm.redis_url)}",
         file=sys.stderr,
     )
     return farm.redis_url
 
 
 NO_FARM = (
-    "no Redis URL: pass --redis-url, set redis.url (syshax config redis.url "
-    "redis://host:6379/0), or start the farm with `syshax run` (same config) first"
+    "no Redis URL: pass --redis-url (or $SYSHAX_REDIS_URL), set redis.url (syshax config "
+    "redis.url redis://host:6379/0), or start the farm with `syshax run` (same config) first"
 )

@@ -7,6 +7,7 @@ each option below overrides its key for this process.
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 
 
@@ -76,8 +77,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     opt(
         "--shutdown-timeout",
         type=float,
-        default=30.0,
-        help="seconds open streams get to finish on SIGTERM (default: %(default)s)",
+        default=None,
+        help="seconds open streams get to finish on SIGTERM or Ctrl-C (default: shutdown_grace "
+        "from the config, 30)",
     )
     opt(
         "--log-level",
@@ -110,7 +112,9 @@ def settings_from_args(args: argparse.Namespace):
         settings,
         **{name: value for name, value in flags.items() if value is not None},
         disconnect_grace=args.disconnect_grace,
-        shutdown_timeout=args.shutdown_timeout,
+        shutdown_timeout=(
+            settings.shutdown_timeout if args.shutdown_timeout is None else args.shutdown_timeout
+        ),
         max_body_bytes=args.max_body_bytes,
     )
 
@@ -138,6 +142,11 @@ def run(args: argparse.Namespace) -> int:
 
         # --log-level wins; else the config's log_level (DEBUG=1 forces debug).
         level = apply_log_level(args.log_level or load_config(args.config).log_level)
+        from syshax.broker.security import open_redis_warning
+
+        warning = open_redis_warning(settings.redis_url)
+        if warning:
+            logging.getLogger("syshax.gateway").warning("%s", warning)
         serve(settings, log_level=level)
     except KeyboardInterrupt:  # uvicorn re-raises SIGINT after its graceful shutdown
         return 0

@@ -17,26 +17,44 @@ runs on a host without one. With `gpu.engine: vllm` (`--engine vllm`) vLLM is th
 engine: every worker runs with this Python (`sys.executable`), so run `syshax run` from the
 venv that has vLLM (docs/vllm.md); the layout is the native engine's (an accelerator when
 `gpu.device` finds one). A child that exits unexpectedly is restarted with a capped backoff.
-On Ctrl-C or SIGTERM it stops in uvicorn's order: the gateway first (no new requests), then the
-workers (they drain), then Redis.
+On Ctrl-C or SIGTERM it stops in uvicorn's order: the gateway first (it refuses new requests
+and lets streams in flight finish, up to `shutdown_grace` seconds), then the workers (they
+drain), then Redis; a second Ctrl-C stops everything at once. The children run in sessions of
+their own, so a terminal's Ctrl-C reaches only this supervisor, which stops them in that order.
+
+With no `redis.url`, the embedded Redis is one of the supervised children (`broker/farm_redis`:
+a unix socket in the farm's 0700 directory, a generated password, an ACL user without admin
+commands, an AOF): restarted on the same socket if it dies, stopped last. The farm's Redis URL
+reaches the children in $SYSHAX_REDIS_URL, never on a command line.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import signal
 import sys
 import threading
+import time
 
+import redis
+
+from syshax.broker.farm_redis import FarmRedis
+from syshax.broker.keys import Keys
 from syshax.commands.supervisor import Child, Supervisor
 
 log = logging.getLogger("syshax.run")
 
-# Stop order and patience: the gateway first (no new requests), then the workers (they drain).
-GATEWAY_STOP = ((signal.SIGTERM, 15.0),)
+# Stop order: the gateway first (no new requests; streams finish), then the workers (they
+# drain), Redis last (everything above still needs it until it exits).
+GATEWAY_STAGE, WORKERS_STAGE, REDIS_STAGE = 0, 1, 2
 WORKER_STOP = ((signal.SIGTERM, 40.0),)
+REDIS_STOP = ((signal.SIGTERM, 10.0),)  # it writes the AOF's last second and exits
+# A signal this soon after the first is the same stop reaching us twice (a wrapper such as
+# timeout(1) or make forwarding the terminal's SIGINT that we also got), not a second Ctrl-C.
+SECOND_SIGNAL_AFTER = 0.5
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -104,129 +122,179 @@ def layout(cfg, cpu_workers: int | None, xpu_engine: str | None = None) -> tuple
     return n_cpu, threads
 
 
-def _children(args, cfg, config_path: str | None, url: str) -> list[Child]:
+def _children(args, cfg, config_path: str | None) -> list[Child]:
+    """The farm's processes but Redis. None gets the Redis URL on its command line (every local
+    user can read /proc/PID/cmdline): they read $SYSHAX_REDIS_URL from the environment."""
     base = [sys.executable, "-m", "syshax.cli"]
-    common = ["--redis-url", url] + (["--config", config_path] if config_path else [])
+    common = ["--config", config_path] if config_path else []
     xpu_engine, cpu_engine = engines(cfg, args.engine)
     n_cpu, xpu_threads = layout(cfg, args.cpu_workers, xpu_engine)
     emulated = {"emulated": f", EMULATED {cfg.gpu.profile}", "vllm": ", vLLM"}.get(xpu_engine, "")
-    log.warning(
+    log.info(
         "layout: xPU-role worker (prefill + decode%s%s) + %d CPU decode worker(s)",
         f", {xpu_threads} threads" if xpu_threads else "",
         emulated,
         n_cpu,
     )
+    xpu = ["worker", "--roles", "prefill,decode", "--device-class", "gpu", "--engine", xpu_engine]
     workers = [
         _worker(
             "xpu-worker",
-            base
-            + [
-                "worker",
-                "--roles",
-                "prefill,decode",
-                "--device-class",
-                "gpu",
-                "--engine",
-                xpu_engine,
-            ]
-            + (["--threads", str(xpu_threads)] if xpu_threads else [])
-            + common,
-        ),
+            base + xpu + (["--threads", str(xpu_threads)] if xpu_threads else []) + common,
+        )
     ]
     for i in range(n_cpu):
-        workers.append(
-            _worker(
-                f"cpu-worker-{i}",
-                base
-                + [
-                    "worker",
-                    "--roles",
-                    "decode",
-                    "--device",
-                    "cpu",
-                    "--device-class",
-                    "cpu",
-                    "--engine",
-                    cpu_engine,
-                    "--port",  # CPU worker i serves /metrics on cpu.port + i
-                    str(cfg.cpu.port + i),
-                ]
-                + common,
-            )
-        )
-    # Offline batches (rq jobs on the batch queue) enter the farm through its batch stream.
-    workers.append(_worker("batch-worker", base + ["batch", "worker"] + common))
-    gateway = [Child("gateway", base + ["gateway"] + common, stop_steps=GATEWAY_STOP)]
-    return ([] if args.no_gateway else gateway) + workers
+        cpu = ["worker", "--roles", "decode", "--device", "cpu", "--device-class", "cpu"]
+        cpu += ["--engine", cpu_engine, "--port", str(cfg.cpu.port + i)]  # /metrics: port + i
+        workers.append(_worker(f"cpu-worker-{i}", base + cpu + common))
+    # Offline batches (rq jobs on the batch queue) enter the farm through its batch stream. Like
+    # the gateway it is a client of the workers: it stops first, while they can still finish
+    # its running requests (a request it cannot finish in time is requeued, not lost).
+    batch_argv = base + ["batch", "worker"] + common
+    batch = Child("batch-worker", batch_argv, stage=GATEWAY_STAGE, stop_steps=WORKER_STOP)
+    # The gateway lets streams in flight finish for shutdown_grace s; a margin, then SIGKILL.
+    stop = ((signal.SIGTERM, cfg.shutdown_grace + 10.0),)
+    gateway = [Child("gateway", base + ["gateway"] + common, stage=GATEWAY_STAGE, stop_steps=stop)]
+    return ([] if args.no_gateway else gateway) + workers + [batch]
 
 
 def _worker(name: str, argv: list[str]) -> Child:
-    return Child(name, argv, stage=1, stop_steps=WORKER_STOP)
+    return Child(name, argv, stage=WORKERS_STAGE, stop_steps=WORKER_STOP)
+
+
+def _embedded_redis(cfg, home) -> tuple[Child, FarmRedis]:
+    """The embedded server as the supervisor's last child: stopped after everything that uses
+    it, restarted (quickly) if it dies."""
+    server = FarmRedis(
+        home, maxmemory_mib=cfg.redis.maxmemory_mib, tcp_port=cfg.redis.embedded_port
+    )
+    server.write_conf()
+    child = Child("redis", server.argv(), stage=REDIS_STAGE, stop_steps=REDIS_STOP, max_backoff=2.0)
+    return child, server
 
 
 def run(args: argparse.Namespace) -> int:
-    from syshax.broker.embedded import EmbeddedRedis, EmbeddedRedisError
-    from syshax.shared.config import ConfigError, load_config, redact_url
+    from syshax.broker.embedded import EmbeddedRedisError
+    from syshax.shared.config import ConfigError, load_config, resolve_config_path
+    from syshax.shared.logs import apply_log_level
 
     try:
         cfg = load_config(args.config)
-    except ConfigError as exc:
+        apply_log_level(cfg.log_level)
+        problems = _engine_problems(cfg, args)
+        if not problems:
+            config_path = resolve_config_path(args.config)
+            redis_child, server, url = _redis(cfg, config_path)
+    except (ConfigError, EmbeddedRedisError, OSError) as exc:
+        problems = [str(exc)]
+    if problems:
+        print("\n".join(f"syshax run: {p}" for p in problems), file=sys.stderr)
+        return 2
+    children = _children(args, cfg, args.config)
+    env = dict(os.environ, SYSHAX_REDIS_URL=url)  # never on a command line
+    supervisor = Supervisor(([redis_child] if redis_child else []) + children, env=env, logger=log)
+    stop = _stop_on_signals(supervisor, cfg.shutdown_grace)
+    try:
+        if redis_child is not None:
+            supervisor.start([redis_child])
+            server.wait_ready(alive=lambda: redis_child.exitcode() is None)
+            log.info("embedded Redis on %s (password in %s, 0600)", server.socket, server.conf_path)
+        with _published(cfg, config_path, url):
+            try:
+                supervisor.start(children)
+                supervisor.run(stop)
+            finally:
+                supervisor.stop()  # before the segments are swept
+    except EmbeddedRedisError as exc:
         print(f"syshax run: {exc}", file=sys.stderr)
         return 2
-    from syshax.shared.logs import apply_log_level
+    finally:
+        supervisor.stop()  # Redis, when it never came up (a no-op after an orderly stop)
+    log.info("stopped")
+    return 0
 
-    apply_log_level(cfg.log_level)
-    if engines(cfg, args.engine)[0] == "emulated":
-        # Checked here, once: a worker that cannot load it would only be restarted in a loop.
+
+def _redis(cfg, config_path) -> tuple[Child | None, FarmRedis | None, str]:
+    """(the embedded Redis's child, its server, the URL) with no redis.url; else (None, None,
+    redis.url), with a warning when that Redis answers anyone."""
+    from syshax.broker.security import open_redis_warning
+    from syshax.shared import farm_file
+    from syshax.shared.config import redact_url
+
+    if not cfg.redis.url:
+        child, server = _embedded_redis(
+            cfg, farm_file.farm_dir(config_path, cfg.redis.prefix, create=True)
+        )
+        return child, server, server.url
+    log.info("using Redis at %s", redact_url(cfg.redis.url))
+    warning = open_redis_warning(cfg.redis.url)
+    if warning:
+        log.warning("%s", warning)
+    return None, None, cfg.redis.url
+
+
+def _stop_on_signals(supervisor: Supervisor, grace: int) -> threading.Event:
+    """SIGINT/SIGTERM set the returned event (an orderly stop); a second one, more than
+    SECOND_SIGNAL_AFTER later, kills every child at once."""
+    stop = threading.Event()
+    first = [0.0]
+
+    def on_signal(*_) -> None:
+        now = time.monotonic()
+        if not stop.is_set():
+            first[0] = now
+            log.info(
+                "stopping: streams in flight get up to %ds to finish (Ctrl-C again stops now)",
+                grace,
+            )
+            stop.set()
+        elif now - first[0] > SECOND_SIGNAL_AFTER:
+            log.warning("stopping now")
+            supervisor.kill(wait=False)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
+    return stop
+
+
+@contextlib.contextmanager
+def _published(cfg, config_path, url: str):
+    """While the farm runs: its runtime file published, and its shared-memory KV segments swept
+    before (an earlier run killed with SIGKILL) and after (a worker killed on the way)."""
+    from syshax.broker.kv_store import KVStore, sweep_segments
+    from syshax.shared import farm_file
+
+    farm_tag = KVStore(redis.Redis.from_url(url), Keys(cfg.redis.prefix)).farm
+    swept = sweep_segments(farm_tag)
+    if swept:
+        log.info("freed %d shared-memory KV segment(s) left by an earlier run", swept)
+    gateway_url = f"http://{cfg.conductor.host}:{cfg.conductor.port}/v1"
+    published = farm_file.publish(config_path, cfg.redis.prefix, url, gateway_url)
+    print(
+        f"sysHAX farm: gateway on {gateway_url} (model loading takes a few seconds; "
+        "Ctrl-C stops everything, letting streams finish)",
+        flush=True,
+    )
+    try:
+        yield
+    finally:
+        farm_file.remove(published)
+        sweep_segments(farm_tag)
+
+
+def _engine_problems(cfg, args) -> list[str]:
+    """What keeps the xPU worker's engine from starting, checked once here: a worker that
+    cannot load it would only be restarted in a loop."""
+    engine = engines(cfg, args.engine)[0]
+    if engine == "emulated":
         from syshax.workers.accelerator_profiles import ProfileError, load_profile
 
         try:
             load_profile(cfg.gpu.profile)
         except ProfileError as exc:
-            print(f"syshax run: gpu.profile: {exc}", file=sys.stderr)
-            return 2
-    if engines(cfg, args.engine)[0] == "vllm":  # the same: vLLM here, settings, an HF folder
+            return [f"gpu.profile: {exc}"]
+    if engine == "vllm":  # vLLM here, its settings, an HF folder
         from syshax.commands.vllm_setup import vllm_problems
 
-        problems = vllm_problems(cfg)
-        if problems:
-            print("\n".join(f"syshax run: {p}" for p in problems), file=sys.stderr)
-            return 2
-    embedded = None
-    url = cfg.redis.url
-    if not url:
-        try:
-            embedded = EmbeddedRedis().start()
-        except EmbeddedRedisError as exc:
-            print(f"syshax run: {exc}", file=sys.stderr)
-            return 2
-        url = embedded.url
-        log.warning("started embedded Redis at %s", url)
-    else:
-        log.warning("using Redis at %s", redact_url(url))
-    from syshax.shared import farm_file
-    from syshax.shared.config import resolve_config_path
-
-    gateway_url = f"http://{cfg.conductor.host}:{cfg.conductor.port}/v1"
-    published = farm_file.publish(
-        resolve_config_path(args.config), cfg.redis.prefix, url, gateway_url
-    )
-    children = _children(args, cfg, args.config, url)
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    supervisor = Supervisor(children, env=dict(os.environ), logger=log, start_level=logging.WARNING)
-    print(
-        f"sysHAX farm: gateway on http://{cfg.conductor.host}:{cfg.conductor.port}/v1 "
-        f"(model loading takes a few seconds; Ctrl-C stops everything)",
-        flush=True,
-    )
-    try:
-        supervisor.start()
-        supervisor.run(stop)
-    finally:
-        supervisor.stop()
-        farm_file.remove(published)
-        if embedded is not None:
-            embedded.stop()
-    return 0
+        return list(vllm_problems(cfg))
+    return []

@@ -428,7 +428,7 @@ def run(args: argparse.Namespace) -> int:
             worker = None
             worker = Worker(engine, r, opts, dispatcher, Keys(cfg.redis.prefix), metrics)
             connected_at = time.monotonic()
-            log.warning(
+            log.info(
                 "worker %s ready: roles=%s device=%s class=%s slots=%s%s",
                 worker_id,
                 ",".join(sorted(roles)),

@@ -188,3 +188,76 @@ def test_run_returns_once_every_child_finished():
 def test_a_child_needs_a_command_or_a_function():
     with pytest.raises(ValueError, match="argv or target"):
         Child("neither")
+
+
+def test_children_run_in_sessions_of_their_own(tmp_path):
+    # A terminal's Ctrl-C signals its foreground process group: the children must not be in
+    # the supervisor's, or they would all stop at once instead of in the supervisor's order.
+    out = tmp_path / "sid"
+    code = f"import os, pathlib, time; pathlib.Path({str(out)!r}).write_text(str(os.getsid(0))); time.sleep(30)"  # fmt: skip
+    forked = tmp_path / "forked-sid"
+
+    def target() -> None:
+        forked.write_text(str(os.getsid(0)))
+        time.sleep(30)
+
+    sup = Supervisor([Child("cmd", _py(code)), Child("fn", target=target)])
+    sup.start()
+    try:
+        assert wait_for(lambda: out.exists() and forked.exists(), 10)
+        assert int(out.read_text()) == sup.children[0].pid != os.getsid(0)
+        assert int(forked.read_text()) == sup.children[1].pid
+    finally:
+        sup.stop()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_children_die_with_a_supervisor_killed_by_sigkill(tmp_path):
+    # A supervisor process (killed with SIGKILL: no chance to stop anything) and its children.
+    pids = tmp_path / "pids"
+    script = f"""
+import os, sys, time, pathlib
+from syshax.commands.supervisor import Child, Supervisor
+sup = Supervisor([Child("a", [sys.executable, "-c", "import time; time.sleep(60)"]),
+                  Child("b", target=time.sleep, args=(60,))])
+sup.start()
+pathlib.Path({str(pids)!r}).write_text(" ".join(str(c.pid) for c in sup.children))
+time.sleep(60)
+"""
+    import subprocess
+
+    proc = subprocess.Popen(_py(script))
+    try:
+        assert wait_for(lambda: pids.exists() and pids.read_text(), 20)
+        children = [int(p) for p in pids.read_text().split()]
+        proc.kill()
+        proc.wait()
+        assert wait_for(lambda: not any(_alive(p) for p in children), 10), children
+    finally:
+        proc.kill()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_kill_ends_a_stop_that_is_waiting(caplog):
+    # A child that ignores SIGTERM would hold stop() for its whole timeout; kill() (the second
+    # Ctrl-C) ends it at once.
+    stubborn = Child(
+        "stubborn",
+        _py("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"),
+        stop_steps=((signal.SIGTERM, 30.0),),
+    )
+    sup = Supervisor([stubborn])
+    sup.start()
+    time.sleep(0.5)
+    threading.Timer(0.5, sup.kill, kwargs={"wait": False}).start()
+    t0 = time.monotonic()
+    sup.stop()
+    assert time.monotonic() - t0 < 5
+    assert stubborn.exitcode() == -signal.SIGKILL

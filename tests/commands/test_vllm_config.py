@@ -199,7 +199,7 @@ def test_syshax_run_lays_out_a_vllm_xpu_as_the_native_engine():
     assert run.engines(Config(), "vllm") == ("vllm", "model")
     assert run.layout(cfg, None) == (0, None), "no accelerator; vLLM keeps its own threads"
     args = argparse.Namespace(engine=None, cpu_workers=1, no_gateway=True)
-    children = {c.name: c.argv for c in run._children(args, cfg, None, "redis://127.0.0.1:1/0")}
+    children = {c.name: c.argv for c in run._children(args, cfg, None)}
     xpu, cpu = children["xpu-worker"], children["cpu-worker-0"]
     assert xpu[xpu.index("--engine") + 1] == "vllm" and "--threads" not in xpu
     assert cpu[cpu.index("--engine") + 1] == "model"

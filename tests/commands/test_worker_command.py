@@ -124,7 +124,7 @@ def test_syshax_run_with_gpu_engine_emulated_starts_an_emulated_xpu_and_real_cpu
     cfg = _cfg(gpu__engine="emulated", gpu__device="cpu")
     assert run.layout(cfg, None) == (1, None), "an emulated accelerator is an accelerator"
     args = argparse.Namespace(engine=None, cpu_workers=None, no_gateway=True)
-    children = {c.name: c.argv for c in run._children(args, cfg, None, "redis://127.0.0.1:1/0")}
+    children = {c.name: c.argv for c in run._children(args, cfg, None)}
     assert list(children) == ["xpu-worker", "cpu-worker-0", "batch-worker"]
     xpu, cpu = children["xpu-worker"], children["cpu-worker-0"]
     assert xpu[xpu.index("--engine") + 1] == "emulated" and "--threads" not in xpu

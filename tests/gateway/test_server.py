@@ -6,8 +6,9 @@ from __future__ import annotations
 import logging
 
 import pytest
-from syshax.gateway.server import is_loopback, warn_if_open
+from syshax.gateway.server import warn_if_open
 from syshax.gateway.settings import GatewaySettings
+from syshax.shared.net import is_loopback
 
 
 @pytest.mark.parametrize(
