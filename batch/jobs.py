@@ -11,6 +11,12 @@
   registry entry of a job whose worker died expires `abandon_after` seconds after its last
   heartbeat (rq's own default is 60 s more than the heartbeat), then rq's maintenance retries it.
 
+Queued work is data, never code. rq's default serializer is pickle, and a worker runs whatever
+function a job names: anyone who can write to the queue would run code as the farm's user. So
+every queue, job and worker here uses JSON (`SERIALIZER`; a pickled job fails to load and is
+never unpickled), and `BatchWorker` runs only `ALLOWED_FUNCTIONS`: any other job is failed with
+the reason, without being executed.
+
 See docs/batch.md.
 """
 
@@ -25,8 +31,10 @@ from typing import Any
 
 import redis
 from rq import Queue, Retry, Worker, get_current_job
-from rq.exceptions import InvalidJobOperation
+from rq.exceptions import DeserializationError, InvalidJobOperation
 from rq.job import Job, JobStatus
+from rq.serializers import JSONSerializer
+from rq.worker import WorkerStatus
 from syshax.batch.farm_client import FarmCancelled, FarmClient, FarmTimeout, endpoint_kind
 from syshax.broker import batch_records as records
 from syshax.broker.keys import KEYS, Keys
@@ -38,6 +46,7 @@ RETRY_MAX, RETRY_INTERVALS = 3, [1, 5, 15]
 _WAITING = ("queued", "scheduled", "deferred", "created", "ready_to_enqueue", "rate_limited")
 WAITING = {JobStatus(s) for s in _WAITING}  # rq states that count as "queued"
 STATES = ("queued", "started", "finished", "failed", "cancelled")
+SERIALIZER = JSONSerializer  # never pickle: see the module doc
 
 _client: FarmClient | None = None  # set in the worker's parent process: forked horses share it
 
@@ -145,7 +154,7 @@ def submit(
 ) -> str:
     """Queue every valid line as an rq job; record the batch. Returns the batch id."""
     bid = new_batch_id()
-    queue = Queue(keys.batch_queue, connection=r)
+    queue = batch_queue(r, keys)
     invalid = sum(i.error is not None for i in items)
     info = {"source": source, "created": time.time(), "total": len(items), "invalid": invalid}
     info.update(priority=priority, queue=keys.batch_queue, result_ttl=result_ttl)
@@ -285,7 +294,8 @@ def _jobs(r: redis.Redis, bid: str, keys: Keys) -> list[tuple[str, Job | None]]:
     ids = records.job_ids(r, keys, bid)
     if ids is None:
         raise BatchNotFound(bid)
-    return list(zip(ids, Job.fetch_many(ids, connection=r), strict=True))
+    jobs = Job.fetch_many(ids, connection=r, serializer=SERIALIZER)
+    return list(zip(ids, jobs, strict=True))
 
 
 def state(job: Job | None) -> str:
@@ -385,11 +395,51 @@ def cancel(r: redis.Redis, bid: str, keys: Keys = KEYS) -> dict[str, int]:
     return counts
 
 
+def batch_queue(r: redis.Redis, keys: Keys = KEYS) -> Queue:
+    """The farm's batch queue, with its JSON serializer."""
+    return Queue(keys.batch_queue, connection=r, serializer=SERIALIZER)
+
+
+# The only job functions a batch worker runs (rq names a job's function by its import path).
+ALLOWED_FUNCTIONS = frozenset({f"{run_request.__module__}.{run_request.__qualname__}"})
+
+
+def refusal(job: Job) -> str | None:
+    """Why a batch worker must not run `job`, or None. Loading the job's data is safe: JSON."""
+    try:
+        name = job.func_name
+    except DeserializationError:
+        return f"job {job.id} refused: its data is not JSON (pickled jobs are never loaded)"
+    if name not in ALLOWED_FUNCTIONS:
+        return (
+            f"job {job.id} refused: function {name!r} is not a farm batch function "
+            f"(allowed: {', '.join(sorted(ALLOWED_FUNCTIONS))})"
+        )
+    return None
+
+
 class BatchWorker(Worker):
-    """rq's forking worker; a dead worker's job is found abandoned `abandon_after` s after its
-    last heartbeat (sent every `job_monitoring_interval` s) instead of rq's 60 s margin."""
+    """rq's forking worker, with JSON jobs and only the farm's own job functions (`refusal`); a
+    dead worker's job is found abandoned `abandon_after` s after its last heartbeat (sent every
+    `job_monitoring_interval` s) instead of rq's 60 s margin."""
 
     abandon_after: int = 15
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        kw["serializer"] = SERIALIZER
+        super().__init__(*args, **kw)
+
+    def execute_job(self, job: Job, queue: Queue) -> None:
+        reason = refusal(job)
+        if reason is None:
+            super().execute_job(job, queue)
+            return
+        # Failed at once, never retried, never forked or imported: the reason is the result.
+        self.log.error("%s", reason)
+        job.retries_left = 0
+        execution = self.prepare_execution(job)
+        self.handle_job_failure(job, queue, exc_string=reason, execution=execution)
+        self.set_state(WorkerStatus.IDLE)
 
     def get_heartbeat_ttl(self, job: Job, working_time: float = 0.0) -> int:
         interval = self.job_monitoring_interval

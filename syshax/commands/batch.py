@@ -275,7 +275,6 @@ def _worker(args, cfg, url: str, keys) -> int:
     from syshax.shared.logs import apply_log_level
 
     apply_log_level(cfg.log_level)
-    from rq import Queue
     from rq.registry import clean_registries
     from rq.scheduler import RQScheduler
 
@@ -288,8 +287,10 @@ def _worker(args, cfg, url: str, keys) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # we fork after loading it
     batch.set_client(FarmClient.from_settings(settings_from_config(cfg, url)))
     r = redis.Redis.from_url(url)
-    queue = Queue(keys.batch_queue, connection=r)
-    scheduler = RQScheduler([queue], connection=r, logging_level=logging.WARNING)
+    queue = batch.batch_queue(r, keys)
+    scheduler = RQScheduler(
+        [queue], connection=r, logging_level=logging.WARNING, serializer=batch.SERIALIZER
+    )
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -356,4 +357,8 @@ def _work(url: str, queue_name: str, args: argparse.Namespace) -> None:
         maintenance_interval=args.maintenance_interval,
     )
     w.abandon_after = args.abandon_after
-    w.work(burst=args.burst, logging_level="DEBUG" if env.debug() else "WARNING")
+    try:
+        w.work(burst=args.burst, logging_level="DEBUG" if env.debug() else "WARNING")
+    except redis.ConnectionError as exc:  # Redis went away: the supervisor starts us again
+        log.warning("rq worker: Redis unavailable (%s); exiting to be restarted", exc)
+        sys.exit(1)

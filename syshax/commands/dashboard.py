@@ -1,14 +1,18 @@
 """`syshax dashboard`: rq-dashboard (batch queue, jobs, workers, failures) on the farm's Redis.
 
-Binds 127.0.0.1:9181 by default. HTTP basic auth is on only when a password is configured
-(--password, or $RQ_DASHBOARD_PASSWORD); the password is handed to rq-dashboard through its
-environment variable, never on a command line that `ps` would show.
+Binds 127.0.0.1:9181 by default. HTTP basic auth is on when a password is configured
+(--password, or $RQ_DASHBOARD_PASSWORD), and always when it binds beyond loopback: with none
+configured, a password is generated and shown once on stderr (the dashboard can cancel and
+requeue jobs, so nobody else on the network may reach it unauthenticated). The password is
+handed to rq-dashboard through its environment variable, never on a command line that `ps`
+would show. Jobs are read with the farm's JSON serializer (batch jobs are never pickled).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import secrets
 import sys
 
 
@@ -19,7 +23,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="config file (default: $SYSHAX_CONFIG or ~/.config/syshax/config.yaml)",
     )
     p.add_argument("--redis-url", default=None, help="Redis URL (default: redis.url)")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to bind (default: %(default)s); beyond loopback basic auth is required "
+        "(a password is generated and shown once when none is given)",
+    )
     p.add_argument("--port", type=int, default=9181, help="port to bind (default: %(default)s)")
     p.add_argument(
         "--username",
@@ -29,14 +38,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--password",
         default=None,
-        help="basic-auth password (default: $RQ_DASHBOARD_PASSWORD); none = no authentication",
+        help="basic-auth password (default: $RQ_DASHBOARD_PASSWORD); none = no authentication "
+        "on loopback, a generated password (shown once) on any other address; prefer the "
+        "environment variable: a --password is visible to every local user in ps",
     )
     p.add_argument("--url-prefix", default="", help="URL prefix behind a reverse proxy")
 
 
 def dashboard_argv(args: argparse.Namespace, url: str) -> tuple[list[str], dict[str, str]]:
     """rq-dashboard's arguments and the environment variables to set (the credentials)."""
-    argv = ["--bind", args.host, "--port", str(args.port), "--redis-url", url]
+    argv = ["--bind", args.host, "--port", str(args.port), "--redis-url", url, "--json"]
     if args.url_prefix:
         argv += ["--url-prefix", args.url_prefix]
     env: dict[str, str] = {}
@@ -46,6 +57,17 @@ def dashboard_argv(args: argparse.Namespace, url: str) -> tuple[list[str], dict[
     username = args.username or environment.rq_dashboard_username() or ""
     if username and not password:
         raise ValueError("--username needs a password (--password or $RQ_DASHBOARD_PASSWORD)")
+    from syshax.shared.net import is_loopback
+
+    if not password and not is_loopback(args.host):
+        password = secrets.token_urlsafe(12)
+        print(
+            f"syshax dashboard: {args.host} is reachable from other hosts: basic auth as "
+            f"{username or 'admin'} with the generated password {password} (shown once; set "
+            "RQ_DASHBOARD_PASSWORD to choose one)",
+            file=sys.stderr,
+            flush=True,
+        )
     if password:
         env = {"RQ_DASHBOARD_USERNAME": username or "admin", "RQ_DASHBOARD_PASSWORD": password}
     return argv, env

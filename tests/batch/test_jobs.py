@@ -23,6 +23,8 @@ from syshax.broker.schemas import PrefillJob, TokenEvent
 from syshax.shared.config import Config, save_config
 from syshax.shared.sampling import SamplingParams
 
+from ..conftest import wait_for
+
 MODEL = "SmolLM2-135M-Instruct"
 CLI = [sys.executable, "-m", "syshax.cli"]
 
@@ -239,7 +241,7 @@ def test_batch_with_bad_lines_gives_every_result_once_in_input_order(
     assert by_id["bare"]["response"]["body"]["object"] == "text_completion"
     st = batch.status(r, bid)
     assert (st["total"], st["finished"], st["failed"], st["invalid"]) == (15, 11, 4, 3)
-    job = Job.fetch(batch.job_id(bid, 1), connection=r)
+    job = Job.fetch(batch.job_id(bid, 1), connection=r, serializer=batch.SERIALIZER)
     assert job.meta["tokens"] == 4 and job.meta["attempts"] == 1 and job.meta["request_id"]
     show = subprocess.run(
         CLI + ["batch", "status", bid, "--json", "--config", str(config)],
@@ -303,7 +305,7 @@ def test_batch_survives_a_killed_rq_worker(redis_url, r, config, thread_farm):
     results = list(batch.results(r, bid))
     assert [x["custom_id"] for _, _, x in results] == [f"req-{i}" for i in range(n)]
     assert all(x["response"]["body"]["usage"]["completion_tokens"] == 30 for _, _, x in results)
-    job = Job.fetch(job_id, connection=r)
+    job = Job.fetch(job_id, connection=r, serializer=batch.SERIALIZER)
     assert job.meta["attempts"] == 2, job.meta  # retried once, after rq found it abandoned
     print(f"batch completed {recovered:.1f}s after the kill")
 
@@ -364,7 +366,9 @@ def test_cancel_stops_waiting_and_running_requests(redis_url, r, config, thread_
         st = _wait(r, bid, timeout=30)
         running = [
             j
-            for j in Job.fetch_many([batch.job_id(bid, i) for i in range(1, n + 1)], r)
+            for j in Job.fetch_many(
+                [batch.job_id(bid, i) for i in range(1, n + 1)], r, serializer=batch.SERIALIZER
+            )
             if j.meta.get("request_id")
         ]
         assert len(running) == 2
@@ -384,3 +388,33 @@ def test_cancel_stops_waiting_and_running_requests(redis_url, r, config, thread_
     results = [json.loads(x) for x in out.read_text().splitlines()]
     assert [x["custom_id"] for x in results] == [f"req-{i}" for i in range(n)]
     assert all(x["error"]["code"] == "batch_cancelled" for x in results)
+
+
+# ---- queued work is data, never code ---------------------------------------------------------
+def test_a_job_naming_another_function_never_runs(redis_url, r, config, thread_farm, tmp_path):
+    from rq import Queue
+    from rq.registry import FailedJobRegistry
+
+    planted_json = tmp_path / "planted-json"
+    planted_pickle = tmp_path / "planted-pickle"
+    # Anyone who can write to the queue could name any function: as JSON (our serializer)...
+    Queue(KEYS.batch_queue, connection=r, serializer=batch.SERIALIZER).enqueue(
+        "os.system", f"touch {planted_json}", job_id="planted-json"
+    )
+    # ... or as a pickle (rq's default serializer: unpickling alone would run its code).
+    Queue(KEYS.batch_queue, connection=r).enqueue(
+        "os.system", f"touch {planted_pickle}", job_id="planted-pickle"
+    )
+    with echo_farm(thread_farm), BatchWorkers(config):
+        bid = batch.submit(r, batch.parse_lines(_lines(3)))  # the real jobs still run
+        st = _wait(r, bid, timeout=120)
+        failed = FailedJobRegistry(KEYS.batch_queue, connection=r, serializer=batch.SERIALIZER)
+        assert wait_for(lambda: len(failed.get_job_ids()) == 2, 30), failed.get_job_ids()
+    assert st["finished"] == 3, st
+    assert not planted_json.exists() and not planted_pickle.exists(), "a planted job ran"
+    reasons = {
+        jid: Job.fetch(jid, connection=r, serializer=batch.SERIALIZER).latest_result().exc_string
+        for jid in ("planted-json", "planted-pickle")
+    }
+    assert "function 'os.system' is not a farm batch function" in reasons["planted-json"]
+    assert "not JSON (pickled jobs are never loaded)" in reasons["planted-pickle"]
