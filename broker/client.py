@@ -56,6 +56,7 @@ class BrokerClient:
         self._lock = asyncio.Lock()  # serialises SUBSCRIBE/UNSUBSCRIBE on the shared connection
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closed = False
+        self._memory: tuple[float, float | None] = (0.0, None)  # (read at, memory_use)
 
     # ---- jobs and cancellation -------------------------------------------------------------
     async def submit(self, job: PrefillJob) -> None:
@@ -98,6 +99,20 @@ class BrokerClient:
             raws = await pipe.execute()
         total = sum(KVHandle.unpack(raw).nbytes for raw in raws if raw is not None)
         return len(ids), total
+
+    async def memory_use(self, max_age: float = 1.0) -> float | None:
+        """Redis's used memory as a share of its maxmemory (None: no cap set), read at most
+        every `max_age` seconds: the gateway admits by bytes as well as by queued jobs."""
+        now = time.monotonic()
+        if now - self._memory[0] >= max_age:
+            try:
+                info = await self.redis.info("memory")
+            except ResponseError:  # an ACL user without INFO: admission by jobs only
+                info = {}
+            cap = int(info.get("maxmemory") or 0)
+            use = int(info.get("used_memory") or 0) / cap if cap else None
+            self._memory = (now, use)
+        return self._memory[1]
 
     async def prefill_queue_depth(self) -> int:
         return await self._waiting(self.keys.prefill_stream, self.keys.prefill_group)

@@ -49,6 +49,9 @@ def make_redis(url: str) -> aioredis.Redis:
     )
 
 
+# Share of Redis's maxmemory past which new requests get 429: the rest is room for the tokens
+# and KV of the requests already admitted.
+MEMORY_ADMIT_LIMIT = 0.9
 ITL_TAILS_EVERY_S = 1.0  # how often a gateway publishes its delivered tails
 
 
@@ -137,6 +140,16 @@ class Gateway:
                 429,
                 f"the server is busy ({depth} requests waiting); retry later",
                 code="queue_full",
+                headers=self.retry_headers(),
+            )
+        memory = await self.broker.memory_use()
+        if memory is not None and memory >= MEMORY_ADMIT_LIMIT:
+            # Past maxmemory every write fails (noeviction): refuse whole requests before
+            # that, rather than start ones whose tokens could not be delivered.
+            raise APIError(
+                429,
+                f"the server is busy (its message broker is {memory:.0%} full); retry later",
+                code="memory_full",
                 headers=self.retry_headers(),
             )
         gen = self.generation(plan)  # subscribed before any job is queued

@@ -16,6 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import OutOfMemoryError as RedisOutOfMemory
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -23,6 +24,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 log = logging.getLogger(__name__)
 
 REDIS_DOWN = (RedisConnectionError, RedisTimeoutError, ConnectionError, TimeoutError)
+BROKER_ERRORS = (*REDIS_DOWN, RedisOutOfMemory)  # answered 503 by `broker_error`
 
 _TYPES = {
     400: "invalid_request_error",
@@ -67,6 +69,16 @@ def error_body(
     message: str, type: str, param: str | None = None, code: str | int | None = None
 ) -> dict[str, Any]:
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+def broker_error(exc: Exception) -> APIError:
+    """A client's answer to a failed broker call: what is down, never where (the exception
+    names Redis's address; it goes to the log)."""
+    if isinstance(exc, RedisOutOfMemory):  # maxmemory reached (noeviction): shed load
+        log.warning("Redis is full (maxmemory): %s", exc)
+        return unavailable("the message broker is out of memory; retry shortly")
+    log.warning("Redis unavailable: %s", exc)
+    return unavailable("the message broker is unavailable; retry shortly")
 
 
 def unavailable(message: str, retry_after: int = 1) -> APIError:
@@ -161,12 +173,11 @@ def install(app: FastAPI) -> None:
         headers = dict(exc.headers or {})
         return APIError(exc.status_code, message, code=code, headers=headers).response()
 
-    for cls in (RedisConnectionError, RedisTimeoutError):
+    for cls in (RedisConnectionError, RedisTimeoutError, RedisOutOfMemory):
 
         @app.exception_handler(cls)
         async def _redis_down(request: Request, exc: Exception) -> JSONResponse:
-            log.warning("Redis unavailable: %s", exc)
-            return unavailable(f"the message broker (Redis) is unavailable: {exc}").response()
+            return broker_error(exc).response()
 
     app.add_middleware(CatchAllMiddleware)
 
@@ -193,9 +204,8 @@ class CatchAllMiddleware:
         try:
             await self.app(scope, receive, tracking_send)
         except Exception as exc:
-            if isinstance(exc, REDIS_DOWN) and not started:
-                log.warning("Redis unavailable: %s", exc)
-                err = unavailable(f"the message broker (Redis) is unavailable: {exc}")
+            if isinstance(exc, BROKER_ERRORS) and not started:
+                err = broker_error(exc)
             else:
                 log.exception("unhandled error in %s %s", scope.get("method"), scope.get("path"))
                 if started:

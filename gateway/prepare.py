@@ -16,6 +16,7 @@ from syshax.shared.sampling import SamplingError, SamplingParams
 from syshax.shared.tokenizer import ChatTemplateError, Tokenizer, TokenizerError
 
 from .errors import APIError
+from .limits import check_bounds
 from .schemas import MAX_N, ChatCompletionRequest, CompletionRequest
 from .settings import GatewaySettings
 
@@ -153,6 +154,7 @@ class Preparer:
         return self._plan(TEXT, body, prompt_ids, body.max_tokens, "max_tokens", logprobs)
 
     def _common(self, body: ChatCompletionRequest | CompletionRequest) -> None:
+        check_bounds(body, self.settings.limits)
         if not 1 <= body.n <= MAX_N:
             raise APIError(
                 400, f"n must be in 1..{MAX_N}, got {body.n}", param="n", code="invalid_value"

@@ -57,6 +57,10 @@ class ChatMessage(BaseModel):
 
 
 class _Generation(_Body):
+    # Unknown fields are kept aside (model_extra), not parsed: gateway/limits.py bounds the
+    # tables a request may carry even where it does not serve them yet.
+    model_config = ConfigDict(extra="allow", strict=True)
+
     # Optional, as in vLLM and llama-server: absent = the served model; a wrong one is a 404.
     model: str | None = None
     max_tokens: int | None = Field(default=None, ge=1)

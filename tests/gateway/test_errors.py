@@ -261,3 +261,56 @@ def test_request_timeout_mid_stream_is_an_error_event(thread_farm):
     assert error["type"] == "timeout" and error["status"] == 504
     rid = json.loads(datas[0])["id"]
     assert f.r.exists(f.keys.cancel_flag(rid))
+
+
+@pytest.mark.parametrize(
+    ("path", "extra", "param", "words"),
+    [
+        ("/v1/chat/completions", {"stop": ["x"] * 10_000}, "stop", "at most 16 stop strings"),
+        ("/v1/completions", {"stop": ["x"] * 17}, "stop", "at most 16 stop strings"),
+        ("/v1/chat/completions", {"stop": ["y" * 257]}, "stop", "at most 256 characters"),
+        (
+            "/v1/chat/completions",
+            {"messages": MESSAGES * 2049},
+            "messages",
+            "at most 2048 messages",
+        ),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}] * 257}]},
+            "messages[0].content",
+            "at most 256 parts",
+        ),
+        ("/v1/chat/completions", {"tools": [{"type": "function"}] * 129}, "tools", "at most 128"),
+        ("/v1/completions", {"logit_bias": {str(i): 1 for i in range(301)}}, "logit_bias", "300"),
+    ],
+)
+def test_every_list_a_request_carries_is_bounded(farm_once, path, extra, param, words):
+    body = {"max_tokens": 2, **({"messages": MESSAGES} if "chat" in path else {"prompt": "Hi"})}
+    body.update(extra)
+    err = check_shape(post(farm_once, path, body), 400)
+    assert err["param"] == param and words in err["message"], err
+    assert err["code"] in ("too_many_items", "string_too_long")
+
+
+def test_the_bounds_are_configurable(thread_farm):
+    from syshax.shared.config_schema import LimitsConfig
+
+    f = thread_farm(workers=None, limits=LimitsConfig(stop_strings=2))
+    err = check_shape(post(f, "/v1/completions", {"prompt": "Hi", "stop": ["a", "b", "c"]}), 400)
+    assert "at most 2 stop strings" in err["message"]
+
+
+def test_a_full_broker_is_a_429_before_it_is_an_oom(thread_farm, r):
+    # The embedded Redis runs with maxmemory + noeviction: past it every write fails. The gateway
+    # admits by bytes too, so new requests get a 429 while the running ones still have room.
+    f = thread_farm(workers=None)
+    used = r.info("memory")["used_memory"]
+    r.config_set("maxmemory", int(used / 0.95))
+    try:
+        time.sleep(1.1)  # the gateway reads Redis's memory at most once a second
+        res = post(f, "/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 2})
+        err = check_shape(res, 429)
+        assert err["code"] == "memory_full" and int(res.headers["retry-after"]) >= 1, err
+    finally:
+        r.config_set("maxmemory", 0)
