@@ -6,6 +6,8 @@ import secrets
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit for chat
+
 
 class SamplingError(ValueError):
     """A sampling parameter is out of range; `param` names it (OpenAI's error `param`)."""
@@ -27,7 +29,14 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
-    logprobs: bool = False
+    logprobs: bool = False  # the chosen token's logprob
+    top_logprobs: int = 0  # and this many of the most likely tokens' (0..20)
+    # Logits processing (workers/engine/logits.py, vLLM's semantics and order).
+    presence_penalty: float = 0.0  # -2..2
+    frequency_penalty: float = 0.0  # -2..2
+    repetition_penalty: float = 1.0  # > 0; 1 = off
+    min_p: float = 0.0  # 0..1; 0 = off
+    logit_bias: dict[str, float] = field(default_factory=dict)  # token id (text) -> -100..100
 
     def __post_init__(self) -> None:
         self.validate()
@@ -51,6 +60,28 @@ class SamplingParams:
             raise SamplingError("top_k", f"top_k must be >= 0 (0 = off), got {self.top_k}")
         if not 0 <= self.seed < 2**63:
             raise SamplingError("seed", f"seed must be in [0, 2**63), got {self.seed}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                raise SamplingError(name, f"{name} must be in [-2, 2], got {getattr(self, name)}")
+        if not 0.0 < self.repetition_penalty <= 2.0:
+            raise SamplingError(
+                "repetition_penalty",
+                f"repetition_penalty must be in (0, 2], got {self.repetition_penalty}",
+            )
+        if not 0.0 <= self.min_p <= 1.0:
+            raise SamplingError("min_p", f"min_p must be in [0, 1], got {self.min_p}")
+        if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise SamplingError(
+                "top_logprobs",
+                f"top_logprobs must be in 0..{MAX_TOP_LOGPROBS}, got {self.top_logprobs}",
+            )
+        for token, bias in self.logit_bias.items():
+            if not (isinstance(token, str) and token.isdigit()):
+                raise SamplingError("logit_bias", f"logit_bias keys are token ids, got {token!r}")
+            if not -100.0 <= bias <= 100.0:
+                raise SamplingError(
+                    "logit_bias", f"logit_bias[{token}] must be in [-100, 100], got {bias}"
+                )
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         if any(not isinstance(s, str) or not s for s in self.stop):
