@@ -1,0 +1,92 @@
+"""Structured outputs, the torch-free half (issue 28): request fields -> one constraint spec ->
+an llguidance grammar, checked against the tokenizer where the request arrives, so a schema
+the engine cannot compile is a 400 naming the problem, not a failed generation.
+
+The spec is plain JSON (it travels in SamplingParams, so with every prefill and decode job: a
+worker that takes a handed-off sequence rebuilds the matcher from the spec and the tokens so
+far). Kinds, in the spellings of the OpenAI API and of vLLM 0.32's `structured_outputs`:
+
+    {"kind": "json_schema", "schema": {...}}     response_format json_schema; structured_outputs.json
+    {"kind": "json_object"}                      response_format json_object (any JSON object)
+    {"kind": "regex", "regex": "..."}            structured_outputs.regex
+    {"kind": "choice", "choice": ["a", "b"]}     structured_outputs.choice
+    {"kind": "grammar", "grammar": "..."}        structured_outputs.grammar (Lark or GBNF)
+
+JSON is compiled without free whitespace (compact separators), so a small model cannot wander
+in blanks. The engine is llguidance (bench/grammar_engines.py and docs/benchmarks.md say why).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from typing import Any
+
+KINDS = ("json_schema", "json_object", "regex", "choice", "grammar")
+_JSON_OPTIONS = {"whitespace_flexible": False}
+
+
+class StructuredError(ValueError):
+    """A constraint that cannot be compiled; the message names the problem."""
+
+
+def grammar(spec: dict[str, Any]) -> str:
+    """The llguidance grammar of a spec (not yet checked: see `check`)."""
+    import llguidance
+
+    kind = spec.get("kind")
+    try:
+        if kind == "json_schema":
+            return llguidance.LLMatcher.grammar_from_json_schema(
+                spec["schema"], defaults=_JSON_OPTIONS
+            )
+        if kind == "json_object":
+            return llguidance.LLMatcher.grammar_from_json_schema(
+                {"type": "object"}, defaults=_JSON_OPTIONS
+            )
+        if kind == "regex":
+            return llguidance.LLMatcher.grammar_from_regex(spec["regex"])
+        if kind == "choice":
+            return llguidance.grammar_from("choice", list(spec["choice"]))
+        if kind == "grammar":
+            return llguidance.grammar_from("grammar", spec["grammar"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise StructuredError(f"{kind}: {exc}") from exc
+    raise StructuredError(f"unknown constraint kind {kind!r} (one of {', '.join(KINDS)})")
+
+
+@functools.lru_cache(maxsize=8)
+def _ll_tokenizer(tokenizer_json: str, vocab_size: int, eos: tuple[int, ...]) -> Any:
+    import llguidance
+
+    return llguidance.LLTokenizer(tokenizer_json, n_vocab=vocab_size, eos_token=list(eos))
+
+
+def ll_tokenizer(tokenizer: Any, vocab_size: int | None = None) -> Any:
+    """llguidance's view of a `shared.tokenizer.Tokenizer` (built once per tokenizer: about a
+    second for a 49k vocabulary). `vocab_size`: the model's logits width when it exceeds the
+    tokenizer's (padded LM heads)."""
+    eos = tuple(tokenizer.eos_token_ids) or (0,)
+    size = max(vocab_size or 0, tokenizer.vocab_size)
+    return _ll_tokenizer(tokenizer.backend.to_str(), size, eos)
+
+
+@functools.lru_cache(maxsize=256)
+def _checked(grammar_text: str, ll_tok: Any) -> str:
+    import llguidance
+
+    err = llguidance.LLMatcher.validate_grammar(grammar_text, ll_tok)
+    if err and not err.startswith("WARNING"):
+        raise StructuredError(err)
+    return grammar_text
+
+
+def check(spec: dict[str, Any], ll_tok: Any) -> str:
+    """The spec's grammar, compiled once per distinct spec and tokenizer; StructuredError with
+    the compiler's message when it does not compile."""
+    return _checked(grammar(spec), ll_tok)
+
+
+def spec_key(spec: dict[str, Any]) -> str:
+    """A canonical text of a spec (the cache key)."""
+    return json.dumps(spec, sort_keys=True, separators=(",", ":"))
