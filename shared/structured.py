@@ -11,6 +11,7 @@ far). Kinds, in the spellings of the OpenAI API and of vLLM 0.32's `structured_o
     {"kind": "regex", "regex": "..."}            structured_outputs.regex
     {"kind": "choice", "choice": ["a", "b"]}     structured_outputs.choice
     {"kind": "grammar", "grammar": "..."}        structured_outputs.grammar (Lark or GBNF)
+    {"kind": "lark", "lark": "..."}              ours: a forced tool call (shared/tools.py)
 
 JSON is compiled without free whitespace (compact separators), so a small model cannot wander
 in blanks. The engine is llguidance (bench/grammar_engines.py and docs/benchmarks.md say why).
@@ -22,7 +23,7 @@ import functools
 import json
 from typing import Any
 
-KINDS = ("json_schema", "json_object", "regex", "choice", "grammar")
+KINDS = ("json_schema", "json_object", "regex", "choice", "grammar", "lark")
 _JSON_OPTIONS = {"whitespace_flexible": False}
 
 
@@ -50,6 +51,8 @@ def grammar(spec: dict[str, Any]) -> str:
             return llguidance.grammar_from("choice", list(spec["choice"]))
         if kind == "grammar":
             return llguidance.grammar_from("grammar", spec["grammar"])
+        if kind == "lark":
+            return llguidance.LLMatcher.grammar_from_lark(spec["lark"])
     except (ValueError, KeyError, TypeError) as exc:
         raise StructuredError(f"{kind}: {exc}") from exc
     raise StructuredError(f"unknown constraint kind {kind!r} (one of {', '.join(KINDS)})")
