@@ -19,6 +19,7 @@ COPY pyproject.toml README.md ./
 COPY syshax syshax
 COPY shared shared
 COPY broker broker
+COPY api api
 COPY gateway gateway
 COPY workers workers
 COPY batch batch

@@ -1,7 +1,7 @@
 """A synchronous client of the farm: one OpenAI request in, its response out, through Redis.
 
 It does what the gateway does for a non-streaming request, without HTTP: the body is
-validated and tokenized by the gateway's own code (`gateway.schemas`, `gateway.prepare`), so
+validated and tokenized by the code the gateway uses (`syshax.api`: schemas, prepare), so
 a batch request fails exactly as it would over HTTP (same 400/404 bodies); one `PrefillJob`
 per choice is `XADD`ed; then the request's output streams (authoritative and lossless) are
 read with `XREAD BLOCK` until every choice has its finish (or error) event. A request that
@@ -22,14 +22,13 @@ from typing import Any
 
 import redis
 from pydantic import ValidationError
+from syshax.api.choices import Choice, completion_body
+from syshax.api.errors import APIError, body_error, worker_error
+from syshax.api.prepare import CHAT, TEXT, Plan, Preparer, job_ids
+from syshax.api.schemas import ChatCompletionRequest, CompletionRequest
+from syshax.api.settings import ApiSettings
 from syshax.broker import farm_io
 from syshax.broker.keys import KEYS, Keys
-from syshax.broker.schemas import TokenEvent
-from syshax.gateway.errors import APIError, validation_error, worker_error
-from syshax.gateway.generation import Choice, completion_body
-from syshax.gateway.prepare import CHAT, TEXT, Plan, Preparer, job_ids
-from syshax.gateway.schemas import ChatCompletionRequest, CompletionRequest
-from syshax.gateway.settings import GatewaySettings
 from syshax.shared.tokenizer import Tokenizer
 
 URLS = {"/v1/chat/completions": CHAT, "/v1/completions": TEXT}
@@ -84,9 +83,9 @@ def endpoint_kind(url: str) -> str:
     return kind
 
 
-def settings_from_config(cfg: Any, redis_url: str | None = None) -> GatewaySettings:
-    """The gateway's settings for a `Config` (`GatewaySettings.from_config`)."""
-    return GatewaySettings.from_config(cfg, redis_url)
+def settings_from_config(cfg: Any, redis_url: str | None = None) -> ApiSettings:
+    """What the client needs of a `Config` (`ApiSettings.from_config`, as the gateway reads it)."""
+    return ApiSettings.from_config(cfg, redis_url)
 
 
 class FarmClient:
@@ -104,7 +103,7 @@ class FarmClient:
         self.block_s = block_s  # longest XREAD BLOCK, so should_cancel is checked that often
 
     @classmethod
-    def from_settings(cls, settings: GatewaySettings, tokenizer: Tokenizer | None = None):
+    def from_settings(cls, settings: ApiSettings, tokenizer: Tokenizer | None = None):
         if not settings.redis_url:
             raise ValueError("no Redis URL: pass --redis-url or set redis.url")
         tokenizer = tokenizer or Tokenizer.from_model_path(settings.model_path())
@@ -124,7 +123,7 @@ class FarmClient:
         try:
             req = schema.model_validate(body)
         except ValidationError as exc:
-            raise validation_error(_as_request_error(exc)) from None
+            raise body_error(exc) from None
         coro = self.preparer.chat(req) if kind == CHAT else self.preparer.completion(req)
         return asyncio.run(coro)
 
@@ -209,10 +208,8 @@ class FarmClient:
             choice = reading.choices[streams[stream]]
             for entry_id, event in entries:
                 reading.cursors[stream] = entry_id
-                if event is None:
-                    continue
-                if event.seq > choice.last_seq and not choice.done:  # duplicates are dropped
-                    _apply(choice, event)
+                if event is not None:
+                    choice.apply(event)  # a repeat (a resumed worker's) is dropped
 
     def response(self, plan: Plan, choices: list[Choice]) -> dict[str, Any]:
         """The non-streaming body, exactly as the gateway answers it."""
@@ -220,25 +217,3 @@ class FarmClient:
             plan.kind, plan.request_id, plan.created, plan.model, choices,
             len(plan.prompt_ids), plan.logprobs, self.tokenizer,
         )  # fmt: skip
-
-
-def _apply(c: Choice, event: TokenEvent) -> None:
-    c.last_seq = event.seq
-    if event.token_id >= 0:
-        c.tokens += 1
-        c.token_ids.append(event.token_id)
-        c.logprobs.append(event.logprob)
-    c.text.append(event.text)
-    if event.error is not None:
-        c.error = event.error
-    elif event.finish_reason is not None:
-        c.finish_reason = event.finish_reason
-
-
-def _as_request_error(exc: ValidationError) -> Any:
-    """pydantic's errors as FastAPI's RequestValidationError, located in the body as FastAPI
-    locates them, so `validation_error` words them exactly as the gateway does."""
-    from fastapi.exceptions import RequestValidationError
-
-    errors = [{**e, "loc": ("body", *e.get("loc", ()))} for e in exc.errors()]
-    return RequestValidationError(errors)

@@ -35,11 +35,11 @@ from rq.exceptions import DeserializationError, InvalidJobOperation
 from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
 from rq.worker import WorkerStatus
+from syshax.api.errors import APIError
+from syshax.api.prepare import job_ids
 from syshax.batch.farm_client import FarmCancelled, FarmClient, FarmTimeout, endpoint_kind
 from syshax.broker import batch_records as records
 from syshax.broker.keys import KEYS, Keys
-from syshax.gateway.errors import APIError
-from syshax.gateway.prepare import job_ids
 
 RESULT_TTL = 7 * 24 * 3600  # seconds results (and the batch's keys) are kept
 RETRY_MAX, RETRY_INTERVALS = 3, [1, 5, 15]

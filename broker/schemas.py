@@ -1,4 +1,4 @@
-"""Messages on the farm's streams and channels, serialised with msgpack.
+"""Messages on the farm's streams and channels: msgspec structs, serialised with msgpack.
 
 Wire format (names from `keys.py`):
 
@@ -8,20 +8,21 @@ Wire format (names from `keys.py`):
   written first, so a subscriber that sees a gap can always fill it from the stream.
 * cancellation: `SET cancelled:{rid} 1 EX ttl` then `PUBLISH cancel <rid>`.
 
-Every message carries a version field `v`. A reader refuses a message whose version it does
-not know, or whose fields are missing or of the wrong type, with `SchemaError` (the worker
-then moves it to the dead-letter stream instead of crashing or retrying it forever).
+Every message is a msgpack map with a version field `v` first, then its fields by name. A
+`DecodeJob` carries its `KVHandle` as a nested map of the same kind (a typed field, checked
+with the job). A reader refuses a message whose version it does not know (or that has none),
+or with an unknown field or a value of the wrong type, with `SchemaError` (the worker then
+moves it to the dead-letter stream instead of crashing or retrying it forever). The checking is
+msgspec's: the annotations below are the schema, and no code here matches types by hand.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import types
-from dataclasses import dataclass, field
-from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints
+from typing import Any, TypeVar
 
-import msgpack
+import msgspec
 
 VERSION = 1
 
@@ -32,81 +33,65 @@ class SchemaError(ValueError):
     """A message cannot be decoded into its schema."""
 
 
-@dataclass
-class Message:
-    v: int = VERSION
+class _Version(msgspec.Struct):
+    """Only a message's version, read before its fields: a message of another version is
+    refused for that reason, not for whichever of its fields this version lacks."""
 
-    def pack(self) -> bytes:
-        return msgpack.packb(dataclasses.asdict(self), use_bin_type=True)
-
-    @classmethod
-    def unpack(cls: type[T], data: bytes) -> T:
-        try:
-            raw = msgpack.unpackb(data, raw=False, strict_map_key=True)
-        except Exception as exc:  # msgpack raises several unrelated types
-            raise SchemaError(f"{cls.__name__}: not valid msgpack: {exc}") from exc
-        if not isinstance(raw, dict):
-            raise SchemaError(f"{cls.__name__}: expected a map, got {type(raw).__name__}")
-        if raw.get("v") != VERSION:
-            raise SchemaError(
-                f"{cls.__name__}: unsupported version {raw.get('v')!r} (expected {VERSION})"
-            )
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(raw) - names
-        if unknown:
-            raise SchemaError(f"{cls.__name__}: unknown field(s) {sorted(unknown)}")
-        try:
-            msg = cls(**raw)
-        except TypeError as exc:
-            raise SchemaError(f"{cls.__name__}: {exc}") from exc
-        msg._check_types()
-        return msg
-
-    def _check_types(self) -> None:
-        check_types(self)
+    v: Any = None
 
 
-def check_types(obj: Any) -> None:
-    """Raise SchemaError if a field of dataclass `obj` does not match its annotation (a
-    message, or a dataclass built from one, e.g. SamplingParams from a job's `params`)."""
-    hints = _hints(type(obj))
-    for f in dataclasses.fields(obj):
-        value = getattr(obj, f.name)
-        if not _matches(value, hints[f.name]):
-            raise SchemaError(f"{type(obj).__name__}.{f.name}: unexpected value {value!r:.80}")
+_ENCODER = msgspec.msgpack.Encoder()
+_VERSION_DECODER = msgspec.msgpack.Decoder(_Version)
 
 
 @functools.cache
-def _hints(cls: type) -> dict[str, Any]:
-    return get_type_hints(cls)
+def _decoder(cls: type[T]) -> msgspec.msgpack.Decoder[T]:
+    return msgspec.msgpack.Decoder(cls)
 
 
-def _matches(value: Any, hint: Any) -> bool:
-    """A small runtime check of the annotations used in this module."""
-    origin, args = get_origin(hint), get_args(hint)
-    if hint is Any:
-        return True
-    if origin in (Union, types.UnionType):
-        return any(_matches(value, a) for a in args)
-    if hint is type(None):
-        return value is None
-    if origin is list:
-        return isinstance(value, list) and all(_matches(v, args[0]) for v in value)
-    if origin is dict:
-        return isinstance(value, dict) and all(isinstance(k, str) for k in value)
-    if hint is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    return isinstance(value, hint)
+class Message(msgspec.Struct, forbid_unknown_fields=True):
+    """Base of every message: `v` is its first field on the wire (a struct's fields are
+    encoded in declaration order, base class first), every field has a default."""
+
+    v: int = VERSION
+
+    def pack(self) -> bytes:
+        return _ENCODER.encode(self)
+
+    @classmethod
+    def unpack(cls: type[T], data: bytes) -> T:
+        name = cls.__name__
+        try:
+            version = _VERSION_DECODER.decode(data).v
+        except msgspec.ValidationError as exc:  # an array, a scalar, a non-string key...
+            raise SchemaError(f"{name}: expected a map with string keys ({exc})") from exc
+        except msgspec.DecodeError as exc:
+            raise SchemaError(f"{name}: not valid msgpack: {exc}") from exc
+        # (bool is an int subclass: True == 1 would pass a plain comparison.)
+        if type(version) is not int or version != VERSION:
+            raise SchemaError(f"{name}: unsupported version {version!r} (expected {VERSION})")
+        try:
+            return _decoder(cls).decode(data)
+        except msgspec.DecodeError as exc:  # ValidationError included: it names the field
+            raise SchemaError(f"{name}: {exc}") from exc
 
 
-@dataclass
+def check_types(obj: Any) -> None:
+    """Raise SchemaError if a field of dataclass `obj` does not match its annotation: a
+    dataclass built from a message's untyped part (SamplingParams from a job's `params`).
+    msgspec converts its fields back into the class, which checks every annotation."""
+    try:
+        msgspec.convert(dataclasses.asdict(obj), type(obj))
+    except msgspec.ValidationError as exc:
+        raise SchemaError(f"{type(obj).__name__}: {exc}") from exc
+
+
 class KVHandle(Message):
     """Where a request's KV cache lives while it waits for a decode worker: a lease.
 
     The consumer frees it after import; the sweeper frees it after `expires_at`; a cancel
-    frees it wherever it is.
+    frees it wherever it is. Stored as a message of its own under `kv:lease:{hid}`, and
+    nested in the `DecodeJob` that hands the KV over.
     """
 
     handle_id: str = ""
@@ -125,31 +110,31 @@ class KVHandle(Message):
     expires_at: float = 0.0
 
 
-@dataclass
 class PrefillJob(Message):
     request_id: str = ""
-    prompt_ids: list[int] = field(default_factory=list)
-    params: dict[str, Any] = field(default_factory=dict)  # SamplingParams.to_dict()
+    prompt_ids: list[int] = []  # msgspec copies a mutable default for each instance
+    params: dict[str, Any] = {}  # SamplingParams.to_dict()
     model: str = ""
     created: float = 0.0
     deadline: float = 0.0  # unix time after which the request is abandoned (request_timeout)
     priority: int = 0  # 0 = interactive, higher = batch (served after interactive work)
 
 
-@dataclass
 class DecodeJob(Message):
+    """A sequence handed from the worker that prefilled it to a decode worker of another
+    device class: the request, the tokens so far, and where its KV cache waits."""
+
     request_id: str = ""
-    prompt_ids: list[int] = field(default_factory=list)
-    output_ids: list[int] = field(default_factory=list)  # generated so far (at least the first)
-    params: dict[str, Any] = field(default_factory=dict)
-    kv: dict[str, Any] | None = None  # KVHandle as a dict; None = recompute from the tokens
+    prompt_ids: list[int] = []
+    output_ids: list[int] = []  # generated so far (at least the first)
+    params: dict[str, Any] = {}  # SamplingParams.to_dict()
+    kv: KVHandle | None = None  # the lease to import; None = recompute from the tokens
     model: str = ""
     created: float = 0.0
     deadline: float = 0.0
     priority: int = 0
 
 
-@dataclass
 class TokenEvent(Message):
     """One generated token of a request (or its end, or an error), with a sequence number.
 

@@ -20,7 +20,9 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from syshax.api.errors import APIError, worker_error
+from syshax.api.prepare import Plan, Preparer, job_ids
+from syshax.api.schemas import ChatCompletionRequest, CompletionRequest
 from syshax.broker.client import BrokerClient
 from syshax.broker.keys import DEVICE_CLASSES, Keys
 from syshax.shared.tokenizer import Tokenizer
@@ -28,13 +30,11 @@ from syshax.shared.tokenizer import Tokenizer
 from . import errors
 from .auth import check_api_key
 from .body_limit import BodyLimitMiddleware
-from .errors import REDIS_DOWN, APIError, worker_error
+from .errors import REDIS_DOWN
 from .generation import ClientGone, Generation
-from .metrics import Metrics
-from .prepare import Plan, Preparer, job_ids
-from .schemas import ChatCompletionRequest, CompletionRequest
+from .metrics import Metrics, RequestMetricsMiddleware
 from .settings import GatewaySettings
-from .streaming import SSE_HEADERS, sse
+from .streaming import SSE_HEADERS, parse_event_id, sse
 
 log = logging.getLogger(__name__)
 
@@ -115,23 +115,6 @@ class Gateway:
         return {"Retry-After": str(self.settings.retry_after)}
 
     # ---- generation ------------------------------------------------------------------------
-    def generation(self, plan: Plan) -> Generation:
-        assert self.broker is not None
-        return Generation(
-            self.broker,
-            self.metrics,
-            plan.kind,
-            plan.request_id,
-            plan.model,
-            plan.created,
-            plan.job_ids(),
-            len(plan.prompt_ids),
-            plan.arrival,
-            plan.deadline,
-            logprobs=plan.logprobs,
-            include_usage=plan.include_usage,
-        )
-
     async def run(self, request: Request, plan: Plan) -> Response:
         assert self.broker is not None
         depth = await self.broker.prefill_queue_depth()
@@ -152,7 +135,8 @@ class Gateway:
                 code="memory_full",
                 headers=self.retry_headers(),
             )
-        gen = self.generation(plan)  # subscribed before any job is queued
+        # Subscribed before any job is queued: no token can be published before we listen.
+        gen = Generation.for_plan(self.broker, self.metrics, plan)
         try:
             ttl = int(self.settings.request_timeout + self.settings.output_ttl)
             await self.broker.requests.save(plan.request_id, plan.info(), ttl)
@@ -252,21 +236,7 @@ class Gateway:
         if over and not any([await self.broker.request_exists(j) for j in job_ids(request_id, n)]):
             raise gone
         last = request.headers.get("last-event-id") or request.query_params.get("last_event_id")
-        after = [-1] * n
-        if last:
-            rid, _, cursor = last.strip().rpartition(":")
-            try:
-                after = [int(x) for x in cursor.split(",")]
-            except ValueError:
-                after = []
-            if rid != request_id or len(after) != n or min(after) < -1:
-                raise APIError(
-                    400,
-                    f"Last-Event-ID {last!r} is not an event id of this request "
-                    f"(expected {request_id}:<seq>{',<seq>' * (n - 1)})",
-                    param="Last-Event-ID",
-                    code="invalid_value",
-                )
+        after = parse_event_id(last, request_id, n) if last else [-1] * n
         attach = await self.broker.requests.attach(request_id)
         gen = Generation(
             self.broker,
@@ -286,18 +256,8 @@ class Gateway:
         gen.first_token_at, gen.finished = 0.0, True  # the first request recorded the metrics
         try:
             for c in gen.choices:  # what was already sent counts in usage
-                if c.last_seq < 0:
-                    continue
-                seen: set[int] = set()
-                for _, ev in await self.broker.read_output(c.job_id):
-                    if ev.seq > c.last_seq or ev.seq in seen:
-                        continue
-                    seen.add(ev.seq)
-                    c.tokens += ev.token_id >= 0
-                    if ev.error is not None:
-                        c.error = ev.error
-                    elif ev.finish_reason is not None:
-                        c.finish_reason = ev.finish_reason
+                if c.last_seq >= 0:
+                    gen.replay(c.index, [ev for _, ev in await self.broker.read_output(c.job_id)])
         except BaseException:
             gen.close()
             raise
@@ -364,39 +324,6 @@ class Gateway:
         except REDIS_DOWN:
             pass  # the other metrics are still worth a scrape
         return Response(self.metrics.render(), media_type=self.metrics.content_type)
-
-
-class RequestMetricsMiddleware:
-    """Counts finished HTTP requests by endpoint and status code."""
-
-    ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics")
-
-    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
-        self.app, self.metrics = app, metrics
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        path = scope.get("path", "")
-        if path in self.ROUTES:
-            endpoint = path
-        elif path.startswith("/v1/requests/"):
-            endpoint = "/v1/requests/{request_id}/stream"
-        else:
-            endpoint = "other"
-        status = 500
-
-        async def counting_send(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, counting_send)
-        finally:
-            self.metrics.request_done(endpoint, status)
 
 
 def create_app(

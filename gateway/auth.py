@@ -5,8 +5,7 @@ from __future__ import annotations
 import hmac
 
 from fastapi import Request
-
-from .errors import APIError
+from syshax.api.errors import APIError
 
 
 def check_api_key(request: Request, api_keys: list[str]) -> None:

@@ -8,8 +8,7 @@ import json
 
 from fastapi import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
-
-from .errors import error_body
+from syshax.api.errors import error_body
 
 DEFAULT_MAX_BODY_BYTES = 10 * 2**20
 

@@ -1,25 +1,26 @@
 """One API request in flight: its subscriptions (one per choice), merged into one event feed,
-the per-choice state (text, tokens, logprobs, finish reason), cancellation, and the
-non-streaming response."""
+the per-choice state (`syshax.api.choices.Choice`: text, tokens, logprobs, finish reason), its
+latency metrics, cancellation, and the non-streaming response."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-from dataclasses import dataclass, field
+from collections.abc import Iterable
 from typing import Any
 
 import anyio
 from fastapi import Request
+from syshax.api.choices import Choice, completion_body, usage
+from syshax.api.errors import APIError, worker_error
+from syshax.api.prepare import Plan
 from syshax.broker.client import BrokerClient, TokenSubscription, queue_get
 from syshax.broker.schemas import TokenEvent
 from syshax.shared.tokenizer import Tokenizer
 
-from .errors import REDIS_DOWN, APIError, worker_error
+from .errors import REDIS_DOWN
 from .metrics import Metrics
-from .prepare import CHAT
 
 log = logging.getLogger(__name__)
 DISCONNECT_CHECK = 0.5  # seconds between client-disconnect checks while waiting
@@ -29,24 +30,6 @@ BROKER_OUTAGE_LIMIT = 10.0  # seconds of unreachable Redis after which a waiting
 
 class ClientGone(Exception):
     """The HTTP client disconnected."""
-
-
-@dataclass
-class Choice:
-    index: int
-    job_id: str
-    last_seq: int = -1  # seq of the newest event consumed
-    tokens: int = 0  # generated tokens (token_id >= 0), the eos included
-    text: list[str] = field(default_factory=list)
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[float | None] = field(default_factory=list)
-    finish_reason: str | None = None
-    error: dict[str, Any] | None = None
-    last_at: float = 0.0  # monotonic time of the previous token (inter-token latency)
-
-    @property
-    def done(self) -> bool:
-        return self.finish_reason is not None or self.error is not None
 
 
 class Generation:
@@ -85,12 +68,30 @@ class Generation:
         self._queue: asyncio.Queue[tuple[int, TokenEvent | BaseException | None]] = asyncio.Queue()
         self._pumps: list[asyncio.Task[None]] = []
         self._pending: list[tuple[int, TokenEvent]] = []
+        self._last_at = [0.0] * len(job_ids)  # monotonic time of each choice's previous token
         self._open = len(job_ids)
         self.first_token_at: float | None = None
         self._checked = time.monotonic()  # last client-disconnect check
         self._alive_checked = time.monotonic()  # last check that the request still exists
         self._down_since: float | None = None  # Redis unreachable since (monotonic)
         self.finished = False  # metrics recorded, nothing left to cancel
+
+    @classmethod
+    def for_plan(cls, broker: BrokerClient, metrics: Metrics, plan: Plan) -> Generation:
+        return cls(
+            broker,
+            metrics,
+            plan.kind,
+            plan.request_id,
+            plan.model,
+            plan.created,
+            plan.job_ids(),
+            len(plan.prompt_ids),
+            plan.arrival,
+            plan.deadline,
+            logprobs=plan.logprobs,
+            include_usage=plan.include_usage,
+        )
 
     # ---- feed ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -192,38 +193,35 @@ class Generation:
     # ---- state -----------------------------------------------------------------------------
     def apply(self, i: int, event: TokenEvent) -> Choice:
         c = self.choices[i]
-        now = time.monotonic()
-        c.last_seq = event.seq
-        if event.token_id >= 0:
-            c.tokens += 1
-            c.token_ids.append(event.token_id)
-            c.logprobs.append(event.logprob)
+        if c.apply(event) and event.token_id >= 0:
+            now = time.monotonic()
             if self.first_token_at is None:
                 self.first_token_at = now
                 self.metrics.ttft.observe(now - self.arrival)
-            if c.last_at:
-                self.metrics.token_gap(event.worker, now - c.last_at, now)
-            c.last_at = now
-        c.text.append(event.text)
-        if event.error is not None:
-            c.error = event.error
-        elif event.finish_reason is not None:
-            c.finish_reason = event.finish_reason
+            if self._last_at[i]:
+                self.metrics.token_gap(event.worker, now - self._last_at[i], now)
+            self._last_at[i] = now
         if self.all_done:
             self.record_finished()
         return c
+
+    def replay(self, i: int, events: Iterable[TokenEvent]) -> None:
+        """A resumed stream: take in what its client was sent already (the events up to its
+        cursor, from the output stream), so usage counts them and a finished choice is done.
+        Nothing of it is sent again, and no latency is measured."""
+        c = self.choices[i]
+        sent, c.last_seq = c.last_seq, -1
+        for event in events:
+            if event.seq <= sent:
+                c.apply(event)
+        c.last_seq = sent
 
     def cursor(self) -> str:
         """SSE event id: `<request_id>:<last seq of choice 0>,<of choice 1>,...`."""
         return f"{self.request_id}:{','.join(str(c.last_seq) for c in self.choices)}"
 
     def usage(self) -> dict[str, int]:
-        completion = sum(c.tokens for c in self.choices)
-        return {
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": completion,
-            "total_tokens": self.prompt_tokens + completion,
-        }
+        return usage(self.prompt_tokens, self.choices)
 
     def record_finished(self) -> None:
         if self.finished:
@@ -268,84 +266,3 @@ class Generation:
             self.kind, self.request_id, self.created, self.model, self.choices,
             self.prompt_tokens, self.logprobs, tokenizer,
         )  # fmt: skip
-
-
-def token_text(tokenizer: Tokenizer, token_id: int) -> str:
-    with contextlib.suppress(Exception):
-        return tokenizer.decode([token_id], skip_special_tokens=False)
-    return ""
-
-
-def chat_logprobs(
-    tokenizer: Tokenizer, token_ids: list[int], logprobs: list[float | None]
-) -> dict[str, Any]:
-    content = []
-    for tid, lp in zip(token_ids, logprobs, strict=True):
-        text = token_text(tokenizer, tid)
-        content.append(
-            {
-                "token": text,
-                "logprob": lp if lp is not None else 0.0,
-                "bytes": list(text.encode("utf-8")),
-                "top_logprobs": [],
-            }
-        )
-    return {"content": content}
-
-
-def text_logprobs(
-    tokenizer: Tokenizer, token_ids: list[int], logprobs: list[float | None], offset: int
-) -> dict[str, Any]:
-    tokens = [token_text(tokenizer, t) for t in token_ids]
-    offsets = []
-    for t in tokens:
-        offsets.append(offset)
-        offset += len(t)
-    return {
-        "tokens": tokens,
-        "token_logprobs": [lp if lp is not None else 0.0 for lp in logprobs],
-        "top_logprobs": None,
-        "text_offset": offsets,
-    }
-
-
-def completion_body(
-    kind: str,
-    request_id: str,
-    created: int,
-    model: str,
-    choices: list[Choice],
-    prompt_tokens: int,
-    logprobs: bool,
-    tokenizer: Tokenizer,
-) -> dict[str, Any]:
-    """The non-streaming response body (chat.completion or text_completion) of finished
-    choices; the gateway and the batch client both answer with it."""
-    out = []
-    for c in choices:
-        text = "".join(c.text)
-        choice: dict[str, Any] = {"index": c.index}
-        if kind == CHAT:
-            choice["message"] = {"role": "assistant", "content": text}
-            choice["logprobs"] = chat_logprobs(tokenizer, c.token_ids, c.logprobs)
-        else:
-            choice["text"] = text
-            choice["logprobs"] = text_logprobs(tokenizer, c.token_ids, c.logprobs, 0)
-        if not logprobs:
-            choice["logprobs"] = None
-        choice["finish_reason"] = c.finish_reason
-        out.append(choice)
-    completion = sum(c.tokens for c in choices)
-    return {
-        "id": request_id,
-        "object": "chat.completion" if kind == CHAT else "text_completion",
-        "created": created,
-        "model": model,
-        "choices": out,
-        "usage": {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion,
-            "total_tokens": prompt_tokens + completion,
-        },
-        "system_fingerprint": None,
-    }

@@ -1,35 +1,22 @@
-"""What the gateway needs to know, in one small dataclass (`GatewaySettings.from_config`)."""
+"""What the gateway needs to know, in one small dataclass (`GatewaySettings.from_config`): the
+settings every client of the farm has (`syshax.api.settings.ApiSettings`) and its HTTP side."""
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field, fields
 
-from syshax.shared.config import Config, derive_model_name
-from syshax.shared.config_schema import LimitsConfig
-from syshax.shared.models import GGUF_MAGIC, default_model_path, read_gguf_metadata
+from syshax.api.settings import ApiSettings
+from syshax.shared.config import Config
 
 # The defaults this dataclass shares with the farm's Config are read from it, so a bare
 # GatewaySettings() (tests, library use) and `syshax gateway` with no config file agree.
 _CFG = Config()
-DEFAULT_MAX_MODEL_LEN = _CFG.max_model_len  # when neither the settings nor the model say less
 
 
 @dataclass
-class GatewaySettings:
-    model: str = _CFG.model  # HF model folder or .gguf file; "default" = SmolLM2-135M-Instruct
-    served_model_name: str | None = None  # the `model` clients send; None = from the model path
-    # None = min(model's context length, DEFAULT_MAX_MODEL_LEN); the Config always sets a number
-    max_model_len: int | None = None
-    request_timeout: float = float(_CFG.request_timeout)  # seconds, queueing included
+class GatewaySettings(ApiSettings):
     max_queue_depth: int = _CFG.queue.max_depth  # prefill jobs waiting; more -> 429
-    output_ttl: int = _CFG.output.ttl  # seconds a request's output stream is kept (resume)
     api_keys: list[str] = field(default_factory=list)  # empty = no authentication
-    # The Config's null redis.url means "the embedded Redis `syshax run` starts", which only the
-    # farm file can name; a bare GatewaySettings talks to a local Redis instead.
-    redis_url: str = "redis://127.0.0.1:6379/0"
-    key_prefix: str = _CFG.redis.prefix
     host: str = _CFG.conductor.host
     port: int = _CFG.conductor.port
     poll_interval: float = 0.5  # seconds of pub/sub silence before reading the output stream
@@ -37,62 +24,17 @@ class GatewaySettings:
     shutdown_timeout: float = float(_CFG.shutdown_grace)  # seconds streams get to finish on stop
     retry_after: int = 1  # seconds, for 429/503 responses
     max_body_bytes: int = 10 * 2**20  # larger request bodies get 413 (0 = no limit)
-    limits: LimitsConfig = field(default_factory=LimitsConfig)  # per-request bounds
 
     @classmethod
     def from_config(cls, cfg: Config, redis_url: str | None = None) -> GatewaySettings:
         """The gateway's settings for a farm Config: every key the gateway reads. redis_url
         overrides redis.url; "" when neither is set (the caller looks up the farm file)."""
+        api = ApiSettings.from_config(cfg, redis_url)
         return cls(
-            model=cfg.model,
-            served_model_name=cfg.served_model_name,
-            max_model_len=cfg.max_model_len,
-            request_timeout=float(cfg.request_timeout),
+            **{f.name: getattr(api, f.name) for f in fields(ApiSettings)},
             max_queue_depth=cfg.queue.max_depth,
-            output_ttl=cfg.output.ttl,
             api_keys=list(cfg.api_keys),
-            redis_url=redis_url or cfg.redis.url or "",
-            key_prefix=cfg.redis.prefix,
             host=cfg.conductor.host,
             port=cfg.conductor.port,
             shutdown_timeout=float(cfg.shutdown_grace),
-            limits=cfg.limits,
         )
-
-    def model_path(self) -> Path:
-        return default_model_path() if self.model in ("", "default") else Path(self.model)
-
-    def model_name(self) -> str:
-        if self.served_model_name:
-            return self.served_model_name
-        # The one derivation config, check-config and /v1/models share (".Q4_K_M" stripped).
-        return derive_model_name(self.model or "default")
-
-    def resolved_max_model_len(self) -> int:
-        if self.max_model_len:
-            return int(self.max_model_len)
-        native = model_context_length(self.model_path())
-        return min(native, DEFAULT_MAX_MODEL_LEN) if native else DEFAULT_MAX_MODEL_LEN
-
-
-def model_context_length(path: Path) -> int | None:
-    """The context length the model was trained for, from GGUF metadata or config.json."""
-    try:
-        if path.is_dir():
-            ggufs = sorted(path.glob("*.gguf"))
-            if (path / "config.json").is_file():
-                config = json.loads((path / "config.json").read_text(encoding="utf-8"))
-                value = config.get("max_position_embeddings")
-                return int(value) if value else None
-            if len(ggufs) != 1:
-                return None
-            path = ggufs[0]
-        with open(path, "rb") as fh:
-            if fh.read(4) != GGUF_MAGIC:
-                return None
-        meta = read_gguf_metadata(path)
-        arch = meta.get("general.architecture", "llama")
-        value = meta.get(f"{arch}.context_length")
-        return int(value) if value else None
-    except (OSError, ValueError):
-        return None

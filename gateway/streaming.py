@@ -16,12 +16,14 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from syshax.api.choices import chat_logprobs, text_logprobs
+from syshax.api.errors import APIError, error_body, worker_error
+from syshax.api.prepare import CHAT
 from syshax.broker.schemas import TokenEvent
 from syshax.shared.tokenizer import Tokenizer
 
-from .errors import REDIS_DOWN, APIError, error_body, worker_error
-from .generation import Generation, chat_logprobs, text_logprobs
-from .prepare import CHAT
+from .errors import REDIS_DOWN
+from .generation import Generation
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +94,25 @@ class ChunkWriter:
 
     def usage(self) -> str:
         return self.event([], usage=self.gen.usage())
+
+
+def parse_event_id(last: str, request_id: str, n: int) -> list[int]:
+    """The per-choice seqs of a `Last-Event-ID` (an event id of this request's stream with
+    `n` choices); APIError(400) for anything else."""
+    rid, _, cursor = last.strip().rpartition(":")
+    try:
+        after = [int(x) for x in cursor.split(",")]
+    except ValueError:
+        after = []
+    if rid != request_id or len(after) != n or min(after) < -1:
+        raise APIError(
+            400,
+            f"Last-Event-ID {last!r} is not an event id of this request "
+            f"(expected {request_id}:<seq>{',<seq>' * (n - 1)})",
+            param="Last-Event-ID",
+            code="invalid_value",
+        )
+    return after
 
 
 def error_event(gen: Generation, err: APIError) -> str:

@@ -120,7 +120,7 @@ def send(worker: Worker, job: Job, device_class: str, rule: str = "") -> None:
         # A job queued on the full xPU may still be taken by a CPU worker (`take_queued`):
         # its KV must be where both classes' decoders can read it.
         store = _store_for(worker, {device_class, "cpu"} if rule == "slo_queue" else {device_class})
-        kv = worker.kv.put(blob, engine.describe_kv(blob), rid, store).__dict__.copy()
+        kv = worker.kv.put(blob, engine.describe_kv(blob), rid, store)
     msg = job.msg
     decode = DecodeJob(
         request_id=rid,

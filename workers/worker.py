@@ -25,7 +25,6 @@ from syshax.broker.keys import DEVICE_CLASSES, KEYS, Keys
 from syshax.broker.kv_store import KVStore, KVStoreError
 from syshax.broker.schemas import (
     DecodeJob,
-    KVHandle,
     PrefillJob,
     SchemaError,
     TokenEvent,
@@ -222,9 +221,7 @@ class Worker:
             msg = (PrefillJob if is_prefill else DecodeJob).unpack(entry.data)
             params = SamplingParams.from_dict(msg.params)
             check_types(params)  # a float seed or str stop id would fail a whole engine step
-            kv = KVHandle(**msg.kv) if not is_prefill and msg.kv else None
-            if kv is not None:
-                kv._check_types()
+            kv = None if is_prefill else msg.kv  # a KVHandle, checked with the job
         except (SchemaError, SamplingError, TypeError) as exc:
             self.queues.dead_letter(entry, f"undecodable job: {exc}")
             return
@@ -277,7 +274,7 @@ class Worker:
     def _start_decode(self, job: Job) -> None:
         msg, rid = job.msg, job.request_id
         if msg.kv and job.output_ids == list(msg.output_ids):
-            handle = KVHandle(**msg.kv)
+            handle = msg.kv
             try:
                 with self.kv.taken(handle) as blob:  # shared memory: a view, not a copy
                     self.engine.import_kv(rid, blob, msg.prompt_ids, job.output_ids, job.params)
@@ -292,7 +289,7 @@ class Worker:
         elif msg.kv:
             # Reclaimed after more tokens were delivered: the lease is stale; free it now
             # rather than leave it to the sweeper.
-            self.kv.free(msg.kv["handle_id"])
+            self.kv.free(msg.kv.handle_id)
         self.engine.resume_request(rid, msg.prompt_ids, job.output_ids, job.params)
         self.metrics.kv_recomputes.inc()
 
@@ -394,7 +391,7 @@ class Worker:
     def _free_lease(self, job: Job) -> None:
         """Free the KV lease of a decode job that never started (started ones took it)."""
         if job.kind == "decode" and job.msg.kv:
-            self.kv.free(job.msg.kv["handle_id"])
+            self.kv.free(job.msg.kv.handle_id)
 
     def _cancel(self, request_ids: set[str]) -> None:
         for rid in request_ids:

@@ -57,7 +57,7 @@ class ChatMessage(BaseModel):
 
 
 class _Generation(_Body):
-    # Unknown fields are kept aside (model_extra), not parsed: gateway/limits.py bounds the
+    # Unknown fields are kept aside (model_extra), not parsed: api/limits.py bounds the
     # tables a request may carry even where it does not serve them yet.
     model_config = ConfigDict(extra="allow", strict=True)
 

@@ -1,6 +1,7 @@
 """From a validated request body to a `Plan`: prompt token ids, one SamplingParams per choice,
 and every check that can fail before anything is queued (model, n, lengths, unsupported
-options). Tokenizing here, in the gateway, is what makes over-long prompts fail fast."""
+options). Tokenizing here, before any job is queued (in the gateway, or in a batch worker), is
+what makes over-long prompts fail fast."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from starlette.concurrency import run_in_threadpool
+from anyio import to_thread
 from syshax.broker.schemas import PrefillJob
 from syshax.shared.sampling import SamplingError, SamplingParams
 from syshax.shared.tokenizer import ChatTemplateError, Tokenizer, TokenizerError
@@ -18,7 +19,7 @@ from syshax.shared.tokenizer import ChatTemplateError, Tokenizer, TokenizerError
 from .errors import APIError
 from .limits import check_bounds
 from .schemas import MAX_N, ChatCompletionRequest, CompletionRequest
-from .settings import GatewaySettings
+from .settings import ApiSettings
 
 CHAT, TEXT = "chat", "text"
 
@@ -80,7 +81,11 @@ def job_ids(request_id: str, n: int) -> list[str]:
 
 
 class Preparer:
-    def __init__(self, settings: GatewaySettings, tokenizer: Tokenizer, max_model_len: int):
+    """Checks and tokenizes request bodies into Plans. Async only for the tokenizer: it runs in
+    anyio's worker threads (the pool Starlette's run_in_threadpool uses), so a long prompt never
+    blocks the gateway's event loop; a batch worker drives it with asyncio.run."""
+
+    def __init__(self, settings: ApiSettings, tokenizer: Tokenizer, max_model_len: int):
         self.settings = settings
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
@@ -109,7 +114,7 @@ class Preparer:
             )
         messages = body.messages_for_template()
         try:
-            prompt_ids = await run_in_threadpool(self.tokenizer.encode_chat, messages)
+            prompt_ids = await to_thread.run_sync(self.tokenizer.encode_chat, messages)
         except ChatTemplateError as exc:
             raise APIError(400, str(exc), param="messages", code="invalid_messages") from exc
         except TokenizerError as exc:
@@ -139,7 +144,7 @@ class Preparer:
                 )
             prompt = prompt[0]
         if isinstance(prompt, str):
-            prompt_ids = await run_in_threadpool(self.tokenizer.encode, prompt)
+            prompt_ids = await to_thread.run_sync(self.tokenizer.encode, prompt)
         else:
             prompt_ids = list(prompt)
             bad = [t for t in prompt_ids if not 0 <= t < self.tokenizer.vocab_size]
