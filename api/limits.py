@@ -49,9 +49,7 @@ def check_bounds(body: Any, limits: LimitsConfig) -> None:
             raise _too_many(
                 f"messages[{i}].content", len(message.content), limits.content_parts, "parts"
             )
-    extra = body.model_extra or {}
-    # Not served yet (docs/api.md), but bounded already: a huge table is refused, not parsed.
     for name, limit in (("tools", limits.tools), ("logit_bias", limits.logit_bias)):
-        value = extra.get(name)
+        value = getattr(body, name, None)  # (a completions body has no tools)
         if isinstance(value, (list, dict)) and len(value) > limit:
             raise _too_many(name, len(value), limit, "entries")

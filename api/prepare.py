@@ -20,6 +20,7 @@ from .errors import APIError
 from .limits import check_bounds
 from .schemas import MAX_N, ChatCompletionRequest, CompletionRequest
 from .settings import ApiSettings
+from .surface import check_fields, sampling_kwargs, structured_spec, unsupported
 
 CHAT, TEXT = "chat", "text"
 
@@ -92,6 +93,19 @@ class Preparer:
         self.model_name = settings.model_name()
         self.accepted_names = {self.model_name, settings.model}
 
+    async def _spec(self, body: ChatCompletionRequest | CompletionRequest) -> dict[str, Any] | None:
+        """The structured-output spec, compiled in a worker thread (the first one builds the
+        tokenizer's grammar tables: about a second)."""
+        if body.response_format is None and body.structured_outputs is None:
+            return None
+        return await to_thread.run_sync(structured_spec, body, self.ll_tokenizer)
+
+    def ll_tokenizer(self) -> Any:
+        """llguidance's view of the tokenizer, built on first use (structured outputs only)."""
+        from syshax.shared import structured
+
+        return structured.ll_tokenizer(self.tokenizer)
+
     def check_model(self, model: str | None) -> None:
         if model is not None and model not in self.accepted_names:
             raise APIError(
@@ -104,14 +118,15 @@ class Preparer:
     async def chat(self, body: ChatCompletionRequest) -> Plan:
         self.check_model(body.model)
         self._common(body)
-        if body.top_logprobs:
+        if body.top_logprobs and not body.logprobs:
             raise APIError(
                 400,
-                "top_logprobs is not supported: only the chosen token's logprob is returned "
-                "(logprobs=true with top_logprobs 0 or absent)",
+                "top_logprobs needs logprobs=true",
                 param="top_logprobs",
-                code="unsupported_parameter",
+                code="invalid_value",
             )
+        if body.tools and body.tool_choice != "none":
+            raise unsupported("tools", "tool calling is not supported yet (tool_choice none only)")
         messages = body.messages_for_template()
         try:
             prompt_ids = await to_thread.run_sync(self.tokenizer.encode_chat, messages)
@@ -121,7 +136,9 @@ class Preparer:
             raise APIError(400, str(exc), param="messages", code="unsupported") from exc
         max_tokens = body.max_completion_tokens or body.max_tokens
         param = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
-        return self._plan(CHAT, body, prompt_ids, max_tokens, param, bool(body.logprobs))
+        top = body.top_logprobs or 0
+        spec = await self._spec(body)
+        return self._plan(CHAT, body, prompt_ids, max_tokens, param, bool(body.logprobs), top, spec)
 
     async def completion(self, body: CompletionRequest) -> Plan:
         self.check_model(body.model)
@@ -156,10 +173,15 @@ class Preparer:
                     code="invalid_value",
                 )
         logprobs = body.logprobs is not None
-        return self._plan(TEXT, body, prompt_ids, body.max_tokens, "max_tokens", logprobs)
+        top = body.logprobs or 0  # completions: logprobs=N asks for the N most likely too
+        spec = await self._spec(body)
+        return self._plan(
+            TEXT, body, prompt_ids, body.max_tokens, "max_tokens", logprobs, top, spec
+        )
 
     def _common(self, body: ChatCompletionRequest | CompletionRequest) -> None:
         check_bounds(body, self.settings.limits)
+        check_fields(body)
         if not 1 <= body.n <= MAX_N:
             raise APIError(
                 400, f"n must be in 1..{MAX_N}, got {body.n}", param="n", code="invalid_value"
@@ -180,6 +202,8 @@ class Preparer:
         max_tokens: int | None,
         max_tokens_param: str,
         logprobs: bool,
+        top_logprobs: int = 0,
+        spec: dict[str, Any] | None = None,
     ) -> Plan:
         where = "messages" if kind == CHAT else "prompt"
         prompt_len, limit = len(prompt_ids), self.max_model_len
@@ -199,6 +223,7 @@ class Preparer:
             max_tokens = limit - prompt_len
         seed = body.seed if body.seed is not None else secrets.randbits(63)
         top_k = body.top_k if body.top_k is not None and body.top_k > 0 else 0
+        extra = sampling_kwargs(body, self.tokenizer.vocab_size, top_logprobs)
         try:
             params = [
                 SamplingParams(
@@ -210,6 +235,8 @@ class Preparer:
                     stop=list(body.stop or []),
                     ignore_eos=body.ignore_eos,
                     logprobs=logprobs,
+                    structured=spec,
+                    **extra,
                 )
                 for i in range(body.n)
             ]

@@ -1,6 +1,7 @@
-"""Request bodies of the OpenAI API (the subset we serve). Unknown fields are ignored, as OpenAI
-clients send some we do not use; known fields are type-checked strictly (a string where a
-number belongs is a 400 naming the field, not a silent coercion)."""
+"""Request bodies of the OpenAI API and vLLM's extensions. Known fields are type-checked strictly
+(a string where a number belongs is a 400 naming the field, not a silent coercion); unknown
+fields are kept aside (`model_extra`) for api/surface.py, which refuses every one that would
+change the answer (a 400 naming it) and accepts only metadata."""
 
 from __future__ import annotations
 
@@ -48,12 +49,22 @@ class StreamOptions(_Body):
     include_usage: bool = False
 
 
+ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
 class ChatMessage(BaseModel):
     # Extra keys (name, tool_calls, ...) are kept: the chat template may use them.
     model_config = ConfigDict(extra="allow", strict=True)
 
     role: str
     content: str | list[Any] | None = None
+
+    @field_validator("role")
+    @classmethod
+    def _role(cls, v: str) -> str:
+        if v not in ROLES:
+            raise ValueError(f"unknown role {v!r}; one of {', '.join(ROLES)}")
+        return v
 
 
 class _Generation(_Body):
@@ -74,6 +85,14 @@ class _Generation(_Body):
     stream_options: StreamOptions | None = None
     user: str | None = None  # accepted and ignored
     ignore_eos: bool = False  # extension (vLLM), for benchmarks
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    repetition_penalty: float | None = Field(default=None, gt=0.0, le=2.0)  # extension (vLLM)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)  # extension (vLLM)
+    logit_bias: dict[str, float] | None = None  # token id (text) -> -100..100
+    stop_token_ids: list[int] | None = None  # extension (vLLM)
+    response_format: dict[str, Any] | None = None  # {"type": text|json_object|json_schema}
+    structured_outputs: dict[str, Any] | None = None  # extension (vLLM 0.32)
 
     @field_validator("stop")
     @classmethod
@@ -91,16 +110,23 @@ class ChatCompletionRequest(_Generation):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
 
     def messages_for_template(self) -> list[dict[str, Any]]:
-        return [m.model_dump(exclude_none=True) for m in self.messages]
+        out = [m.model_dump(exclude_none=True) for m in self.messages]
+        for m in out:  # OpenAI's newer name of the system role: templates know `system`
+            if m["role"] == "developer":
+                m["role"] = "system"
+        return out
 
 
 class CompletionRequest(_Generation):
     # One prompt per request: a string, a list of one string, token ids, or a list of one list
     # of token ids. (Batched prompts: send one request each.)
     prompt: str | list[str] | list[int] | list[list[int]]
-    logprobs: int | None = Field(default=None, ge=0, le=1)  # chosen-token logprob only
+    logprobs: int | None = Field(default=None, ge=0, le=5)  # the chosen token's + this many top
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None

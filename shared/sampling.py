@@ -37,6 +37,9 @@ class SamplingParams:
     repetition_penalty: float = 1.0  # > 0; 1 = off
     min_p: float = 0.0  # 0..1; 0 = off
     logit_bias: dict[str, float] = field(default_factory=dict)  # token id (text) -> -100..100
+    # A structured-output constraint spec (shared/structured.py), None = free text. It travels
+    # with the request, so a worker that takes over a sequence rebuilds the matcher.
+    structured: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         self.validate()

@@ -227,7 +227,8 @@ def test_models_endpoint(thread_farm):
     assert raw["data"][0]["max_model_len"] == 777
 
 
-def test_extra_fields_are_ignored(thread_farm):
+def test_metadata_is_accepted_and_every_other_unknown_field_refused(thread_farm):
+    # Issue 28: a field that would change the answer is honored or refused, never ignored.
     f = thread_farm()
     body = {
         "model": f.model,
@@ -236,8 +237,22 @@ def test_extra_fields_are_ignored(thread_farm):
         "user": "someone",
         "presence_penalty": 0,
         "parallel_tool_calls": False,
-        "something_new": {"a": 1},
+        "store": False,
+        "metadata": {"team": "a"},
+        "modalities": ["text"],
     }
     r = httpx.post(f"{f.url}/v1/chat/completions", json=body, timeout=20)
     assert r.status_code == 200, r.text
     assert r.json()["usage"]["completion_tokens"] == 2
+    for name, value in (
+        ("something_new", {"a": 1}),
+        ("modalities", ["text", "audio"]),
+        ("audio", {"voice": "alloy", "format": "wav"}),
+        ("prediction", {"type": "content", "content": "x"}),
+        ("web_search_options", {}),
+        ("functions", [{"name": "f"}]),
+    ):
+        r = httpx.post(f"{f.url}/v1/chat/completions", json={**body, name: value}, timeout=20)
+        err = r.json()["error"]
+        assert r.status_code == 400 and err["code"] == "unsupported_parameter", (name, r.text)
+        assert err["param"] == name
