@@ -24,6 +24,7 @@ class Choice:
     text: list[str] = field(default_factory=list)
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float | None] = field(default_factory=list)
+    tops: list[Any] = field(default_factory=list)  # per token: [(id, logprob), ...] or None
     finish_reason: str | None = None
     error: dict[str, Any] | None = None
 
@@ -42,6 +43,7 @@ class Choice:
             self.tokens += 1
             self.token_ids.append(event.token_id)
             self.logprobs.append(event.logprob)
+            self.tops.append(event.top_logprobs)
         self.text.append(event.text)
         if event.error is not None:
             self.error = event.error
@@ -56,35 +58,46 @@ def token_text(tokenizer: Tokenizer, token_id: int) -> str:
     return ""
 
 
+def _entry(tokenizer: Tokenizer, token_id: int, logprob: float | None) -> dict[str, Any]:
+    text = token_text(tokenizer, token_id)
+    lp = logprob if logprob is not None else 0.0
+    return {"token": text, "logprob": lp, "bytes": list(text.encode("utf-8"))}
+
+
 def chat_logprobs(
-    tokenizer: Tokenizer, token_ids: list[int], logprobs: list[float | None]
+    tokenizer: Tokenizer,
+    token_ids: list[int],
+    logprobs: list[float | None],
+    tops: list[Any] | None = None,
 ) -> dict[str, Any]:
+    tops = tops or [None] * len(token_ids)
     content = []
-    for tid, lp in zip(token_ids, logprobs, strict=True):
-        text = token_text(tokenizer, tid)
-        content.append(
-            {
-                "token": text,
-                "logprob": lp if lp is not None else 0.0,
-                "bytes": list(text.encode("utf-8")),
-                "top_logprobs": [],
-            }
-        )
+    for tid, lp, top in zip(token_ids, logprobs, tops, strict=True):
+        entry = _entry(tokenizer, tid, lp)
+        entry["top_logprobs"] = [_entry(tokenizer, t, v) for t, v in top or ()]
+        content.append(entry)
     return {"content": content}
 
 
 def text_logprobs(
-    tokenizer: Tokenizer, token_ids: list[int], logprobs: list[float | None], offset: int
+    tokenizer: Tokenizer,
+    token_ids: list[int],
+    logprobs: list[float | None],
+    offset: int,
+    tops: list[Any] | None = None,
 ) -> dict[str, Any]:
     tokens = [token_text(tokenizer, t) for t in token_ids]
     offsets = []
     for t in tokens:
         offsets.append(offset)
         offset += len(t)
+    top = None
+    if tops and any(t is not None for t in tops):  # completions: {token text: logprob} each
+        top = [{token_text(tokenizer, i): v for i, v in t or ()} for t in tops]
     return {
         "tokens": tokens,
         "token_logprobs": [lp if lp is not None else 0.0 for lp in logprobs],
-        "top_logprobs": None,
+        "top_logprobs": top,
         "text_offset": offsets,
     }
 
@@ -116,10 +129,10 @@ def completion_body(
         choice: dict[str, Any] = {"index": c.index}
         if kind == CHAT:
             choice["message"] = {"role": "assistant", "content": text}
-            choice["logprobs"] = chat_logprobs(tokenizer, c.token_ids, c.logprobs)
+            choice["logprobs"] = chat_logprobs(tokenizer, c.token_ids, c.logprobs, c.tops)
         else:
             choice["text"] = text
-            choice["logprobs"] = text_logprobs(tokenizer, c.token_ids, c.logprobs, 0)
+            choice["logprobs"] = text_logprobs(tokenizer, c.token_ids, c.logprobs, 0, c.tops)
         if not logprobs:
             choice["logprobs"] = None
         choice["finish_reason"] = c.finish_reason

@@ -147,6 +147,9 @@ class TokenEvent(Message):
     token_id: int = -1
     text: str = ""
     logprob: float | None = None
+    # The most likely tokens at this step as (token id, logprob), most likely first, when
+    # the request asked for top_logprobs; logprobs are the model's, before any processing.
+    top_logprobs: list[tuple[int, float]] | None = None
     finish_reason: str | None = None
     prompt_tokens: int = 0
     error: dict[str, Any] | None = None  # {"message", "type", "code"}

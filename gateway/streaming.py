@@ -42,7 +42,10 @@ class ChunkWriter:
         self.gen, self.tokenizer = gen, tokenizer
         self.chat = gen.kind == CHAT
         self.offsets = [0] * len(gen.choices)  # completions' text_offset
-        self.held: list[tuple[list[int], list[float | None]]] = [([], []) for _ in gen.choices]
+        # Per choice, the ids, logprobs and top logprobs of tokens not shown yet.
+        self.held: list[tuple[list[int], list[float | None], list[Any]]] = [
+            ([], [], []) for _ in gen.choices
+        ]
 
     def event(self, chunk_choices: list[dict[str, Any]], usage: Any = ...) -> str:
         gen = self.gen
@@ -68,20 +71,21 @@ class ChunkWriter:
     def token(self, index: int, event: TokenEvent) -> str | None:
         """The chunk for one event, or None when it has nothing to show (empty text, not the
         last): such tokens still count in usage, and their logprobs ride on the next chunk."""
-        ids, lps = self.held[index]
+        ids, lps, tops = self.held[index]
         if event.token_id >= 0 and self.gen.logprobs:
             ids.append(event.token_id)
             lps.append(event.logprob)
+            tops.append(event.top_logprobs)
         final = event.finish_reason is not None
         if not event.text and not final:
             return None
         logprobs = None
         if self.gen.logprobs and ids:
             if self.chat:
-                logprobs = chat_logprobs(self.tokenizer, ids, lps)
+                logprobs = chat_logprobs(self.tokenizer, ids, lps, tops)
             else:
-                logprobs = text_logprobs(self.tokenizer, ids, lps, self.offsets[index])
-            self.held[index] = ([], [])
+                logprobs = text_logprobs(self.tokenizer, ids, lps, self.offsets[index], tops)
+            self.held[index] = ([], [], [])
         self.offsets[index] += len(event.text)
         choice: dict[str, Any] = {"index": index}
         if self.chat:
