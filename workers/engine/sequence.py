@@ -29,6 +29,7 @@ class Sequence:
     prefill_end: int = 0
     finish_reason: str | None = None
     detokenizer: Any = None  # IncrementalDetokenizer when the engine has a tokenizer
+    constraint: Any = None  # structured-output matcher (constraints.py), built on first use
 
     @property
     def all_ids(self) -> list[int]:

@@ -97,3 +97,58 @@ def test_out_of_range_values_name_their_field(field, value):
     with pytest.raises(SamplingError) as info:
         SamplingParams(**{field: value})
     assert info.value.param == field
+
+
+# ---- the sampler with all of it ----------------------------------------------------------------
+def _seq(params, prompt=(1, 2, 3), out=()):
+    from syshax.workers.engine.sequence import Sequence
+
+    return Sequence("r", list(prompt), params, list(out))
+
+
+def test_the_sampler_applies_bias_and_penalties_even_to_greedy_rows():
+    from syshax.workers.engine.sampler import sample_sequences
+
+    logits = torch.zeros(3, V)
+    logits[:, 7] = 5.0
+    logits[:, 8] = 4.0
+    seqs = [
+        _seq(SamplingParams(temperature=0.0)),
+        _seq(SamplingParams(temperature=0.0, logit_bias={"7": -100})),
+        _seq(SamplingParams(temperature=0.0, frequency_penalty=2.0), out=[7]),
+    ]
+    got = sample_sequences(logits, seqs)
+    assert got.tokens == [7, 8, 8]
+    assert got.logprobs == [None, None, None] and got.tops == [None, None, None]
+
+
+def test_the_sampler_reports_the_models_logprobs_and_sorted_tops():
+    from syshax.workers.engine.sampler import sample_sequences
+
+    logits = torch.randn(2, V)
+    seqs = [_seq(SamplingParams(temperature=0.0, logprobs=True, top_logprobs=5)), _seq(SamplingParams(temperature=0.7, seed=3, logprobs=True))]  # fmt: skip
+    got = sample_sequences(logits, seqs)
+    lp = torch.log_softmax(logits, dim=-1)
+    assert got.tokens[0] == int(logits[0].argmax()) == got.tops[0][0][0]
+    assert [v for _, v in got.tops[0]] == sorted((v for _, v in got.tops[0]), reverse=True)
+    assert got.logprobs[1] == pytest.approx(lp[1, got.tokens[1]].item())
+    again = sample_sequences(logits, seqs)  # seeded: the same draw
+    assert again.tokens == got.tokens
+
+
+def test_the_sampler_keeps_a_constrained_row_in_its_grammar(tokenizer):
+    from syshax.shared import structured
+    from syshax.workers.engine.sampler import sample_sequences
+
+    ll = structured.ll_tokenizer(tokenizer)
+    spec = {"kind": "choice", "choice": ["yes", "no"]}
+    seq = _seq(SamplingParams(temperature=1.0, seed=1, structured=spec))
+    text = []
+    for _ in range(6):
+        logits = torch.randn(1, tokenizer.vocab_size) * 5
+        token = sample_sequences(logits, [seq], lambda: ll).tokens[0]
+        if token == tokenizer.eos_token_id:
+            break
+        seq.output_ids.append(token)
+        text.append(token)
+    assert tokenizer.decode(text) in ("yes", "no")
