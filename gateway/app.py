@@ -23,6 +23,7 @@ from redis.backoff import ExponentialBackoff
 from syshax.api.errors import APIError, worker_error
 from syshax.api.prepare import Plan, Preparer, job_ids
 from syshax.api.schemas import ChatCompletionRequest, CompletionRequest
+from syshax.api.tokenize import DetokenizeRequest, TokenizeRequest, detokenize, tokenize
 from syshax.broker.client import BrokerClient
 from syshax.broker.keys import DEVICE_CLASSES, Keys
 from syshax.shared.tokenizer import Tokenizer
@@ -367,6 +368,14 @@ def create_app(
     @app.get("/v1/requests/{request_id}/stream", dependencies=auth)
     async def resume_stream(request_id: str, request: Request) -> Response:
         return await gw.resume(request, request_id)
+
+    @app.post("/tokenize", dependencies=auth)
+    async def tokenize_route(body: TokenizeRequest) -> dict[str, Any]:
+        return await tokenize(gw.preparer, body)
+
+    @app.post("/detokenize", dependencies=auth)
+    async def detokenize_route(body: DetokenizeRequest) -> dict[str, Any]:
+        return await detokenize(gw.preparer, body)
 
     @app.get("/v1/models", dependencies=auth)
     async def models() -> dict[str, Any]:

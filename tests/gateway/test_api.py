@@ -256,3 +256,23 @@ def test_metadata_is_accepted_and_every_other_unknown_field_refused(thread_farm)
         err = r.json()["error"]
         assert r.status_code == 400 and err["code"] == "unsupported_parameter", (name, r.text)
         assert err["param"] == name
+
+
+def test_tokenize_then_detokenize_round_trips(thread_farm, tokenizer):
+    f = thread_farm(workers=None)
+    text = "Why is the sky blue? Rayleigh scattering, mostly."
+    r = httpx.post(f"{f.url}/tokenize", json={"prompt": text, "add_special_tokens": False})
+    body = r.json()
+    assert r.status_code == 200 and body["tokens"] == tokenizer.encode(text, add_special_tokens=False)  # fmt: skip
+    assert body["count"] == len(body["tokens"]) and body["max_model_len"] > 0
+    back = httpx.post(f"{f.url}/detokenize", json={"tokens": body["tokens"]}).json()
+    assert back == {"prompt": text}
+    chat = httpx.post(f"{f.url}/tokenize", json={"messages": MESSAGES, "return_token_strs": True}).json()  # fmt: skip
+    assert chat["tokens"] == tokenizer.encode_chat(MESSAGES) and len(chat["token_strs"]) == chat["count"]  # fmt: skip
+    for path, bad, param in (
+        ("/tokenize", {}, "prompt"),
+        ("/detokenize", {"tokens": [10**9]}, "tokens"),
+        ("/tokenize", {"prompt": "x", "model": "nope"}, "model"),
+    ):
+        err = httpx.post(f"{f.url}{path}", json=bad).json()["error"]
+        assert err["param"] == param, err
