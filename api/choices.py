@@ -12,6 +12,7 @@ from typing import Any
 from syshax.broker.schemas import TokenEvent
 from syshax.shared.tokenizer import Tokenizer
 
+from . import tool_calls
 from .prepare import CHAT
 
 
@@ -120,6 +121,7 @@ def completion_body(
     prompt_tokens: int,
     logprobs: bool,
     tokenizer: Tokenizer,
+    tool_format: str = "",
 ) -> dict[str, Any]:
     """The non-streaming response body (chat.completion or text_completion) of finished
     choices; the gateway and the batch client both answer with it."""
@@ -127,15 +129,19 @@ def completion_body(
     for c in choices:
         text = "".join(c.text)
         choice: dict[str, Any] = {"index": c.index}
+        finish = c.finish_reason
         if kind == CHAT:
-            choice["message"] = {"role": "assistant", "content": text}
+            content, calls, finish = tool_calls.answer(text, tool_format, finish)
+            choice["message"] = {"role": "assistant", "content": content}
+            if calls:
+                choice["message"]["tool_calls"] = calls
             choice["logprobs"] = chat_logprobs(tokenizer, c.token_ids, c.logprobs, c.tops)
         else:
             choice["text"] = text
             choice["logprobs"] = text_logprobs(tokenizer, c.token_ids, c.logprobs, 0, c.tops)
         if not logprobs:
             choice["logprobs"] = None
-        choice["finish_reason"] = c.finish_reason
+        choice["finish_reason"] = finish
         out.append(choice)
     return {
         "id": request_id,

@@ -16,11 +16,12 @@ from syshax.broker.schemas import PrefillJob
 from syshax.shared.sampling import SamplingError, SamplingParams
 from syshax.shared.tokenizer import ChatTemplateError, Tokenizer, TokenizerError
 
+from . import tool_calls
 from .errors import APIError
 from .limits import check_bounds
 from .schemas import MAX_N, ChatCompletionRequest, CompletionRequest
 from .settings import ApiSettings
-from .surface import check_fields, sampling_kwargs, structured_spec, unsupported
+from .surface import check_fields, sampling_kwargs, structured_spec
 
 CHAT, TEXT = "chat", "text"
 
@@ -40,6 +41,7 @@ class Plan:
     created: int = field(default_factory=lambda: int(time.time()))
     arrival: float = field(default_factory=time.monotonic)
     deadline: float = 0.0  # unix time
+    tool_format: str = ""  # the call format to read tool calls from the answer ("" = none)
 
     @property
     def n(self) -> int:
@@ -73,6 +75,7 @@ class Plan:
             "include_usage": self.include_usage,
             "logprobs": self.logprobs,
             "deadline": self.deadline,
+            "tool_format": self.tool_format,
         }
 
 
@@ -125,11 +128,13 @@ class Preparer:
                 param="top_logprobs",
                 code="invalid_value",
             )
-        if body.tools and body.tool_choice != "none":
-            raise unsupported("tools", "tool calling is not supported yet (tool_choice none only)")
-        messages = body.messages_for_template()
+        messages, variables, tool_format, tool_spec = tool_calls.prepare(
+            body, body.messages_for_template(), self.tokenizer
+        )
         try:
-            prompt_ids = await to_thread.run_sync(self.tokenizer.encode_chat, messages)
+            prompt_ids = await to_thread.run_sync(
+                lambda: self.tokenizer.encode_chat(messages, **variables)
+            )
         except ChatTemplateError as exc:
             raise APIError(400, str(exc), param="messages", code="invalid_messages") from exc
         except TokenizerError as exc:
@@ -137,8 +142,10 @@ class Preparer:
         max_tokens = body.max_completion_tokens or body.max_tokens
         param = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
         top = body.top_logprobs or 0
-        spec = await self._spec(body)
-        return self._plan(CHAT, body, prompt_ids, max_tokens, param, bool(body.logprobs), top, spec)
+        spec = tool_spec or await self._spec(body)
+        plan = self._plan(CHAT, body, prompt_ids, max_tokens, param, bool(body.logprobs), top, spec)
+        plan.tool_format = tool_format
+        return plan
 
     async def completion(self, body: CompletionRequest) -> Plan:
         self.check_model(body.model)

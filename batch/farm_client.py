@@ -215,5 +215,5 @@ class FarmClient:
         """The non-streaming body, exactly as the gateway answers it."""
         return completion_body(
             plan.kind, plan.request_id, plan.created, plan.model, choices,
-            len(plan.prompt_ids), plan.logprobs, self.tokenizer,
+            len(plan.prompt_ids), plan.logprobs, self.tokenizer, plan.tool_format,
         )  # fmt: skip

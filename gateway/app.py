@@ -252,6 +252,7 @@ class Gateway:
             float(info["deadline"]),
             logprobs=bool(info["logprobs"]),
             include_usage=bool(info["include_usage"]),
+            tool_format=str(info.get("tool_format") or ""),
             after=after,
         )
         gen.first_token_at, gen.finished = 0.0, True  # the first request recorded the metrics

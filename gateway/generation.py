@@ -50,6 +50,7 @@ class Generation:
         logprobs: bool = False,
         include_usage: bool = False,
         after: list[int] | None = None,
+        tool_format: str = "",
     ) -> None:
         self.broker, self.metrics = broker, metrics
         self.kind, self.request_id, self.model, self.created = kind, request_id, model, created
@@ -57,6 +58,7 @@ class Generation:
         self.arrival = arrival
         self.deadline = deadline  # unix time
         self.logprobs, self.include_usage = logprobs, include_usage
+        self.tool_format = tool_format  # tool calls are read from the finished text
         after = after or [-1] * len(job_ids)
         self.choices = [
             Choice(i, jid, last_seq=s)
@@ -91,6 +93,7 @@ class Generation:
             plan.deadline,
             logprobs=plan.logprobs,
             include_usage=plan.include_usage,
+            tool_format=plan.tool_format,
         )
 
     # ---- feed ------------------------------------------------------------------------------
@@ -264,5 +267,5 @@ class Generation:
     def response(self, tokenizer: Tokenizer) -> dict[str, Any]:
         return completion_body(
             self.kind, self.request_id, self.created, self.model, self.choices,
-            self.prompt_tokens, self.logprobs, tokenizer,
+            self.prompt_tokens, self.logprobs, tokenizer, self.tool_format,
         )  # fmt: skip

@@ -16,6 +16,7 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from syshax.api import tool_calls
 from syshax.api.choices import chat_logprobs, text_logprobs
 from syshax.api.errors import APIError, error_body, worker_error
 from syshax.api.prepare import CHAT
@@ -42,6 +43,7 @@ class ChunkWriter:
         self.gen, self.tokenizer = gen, tokenizer
         self.chat = gen.kind == CHAT
         self.offsets = [0] * len(gen.choices)  # completions' text_offset
+        self.texts: list[list[str]] = [[] for _ in gen.choices]  # held text (with tools)
         # Per choice, the ids, logprobs and top logprobs of tokens not shown yet.
         self.held: list[tuple[list[int], list[float | None], list[Any]]] = [
             ([], [], []) for _ in gen.choices
@@ -77,6 +79,8 @@ class ChunkWriter:
             lps.append(event.logprob)
             tops.append(event.top_logprobs)
         final = event.finish_reason is not None
+        if self.gen.tool_format and self.chat:
+            return self._tool_answer(index, event, final)
         if not event.text and not final:
             return None
         logprobs = None
@@ -95,6 +99,25 @@ class ChunkWriter:
         choice["logprobs"] = logprobs
         choice["finish_reason"] = event.finish_reason
         return self.event([choice])
+
+    def _tool_answer(self, index: int, event: TokenEvent, final: bool) -> str | None:
+        """With tools, the text is held until the answer ends: then it is either its tool calls
+        (OpenAI's deltas: index, id and name first, the arguments after) or the text."""
+        self.texts[index].append(event.text)
+        if not final:
+            return None
+        ids, lps, tops = self.held[index]
+        logprobs = chat_logprobs(self.tokenizer, ids, lps, tops) if self.gen.logprobs and ids else None  # fmt: skip
+        self.held[index] = ([], [], [])
+        text = "".join(self.texts[index])
+        content, calls, finish = tool_calls.answer(text, self.gen.tool_format, event.finish_reason)
+        deltas = tool_calls.stream_deltas(calls) if calls else [{"content": content or ""}]
+        chunks = [
+            self.event([{"index": index, "delta": d, "logprobs": None, "finish_reason": None}])
+            for d in deltas[:-1]
+        ]
+        last = {"index": index, "delta": deltas[-1], "logprobs": logprobs, "finish_reason": finish}
+        return "".join(chunks) + self.event([last])
 
     def usage(self) -> str:
         return self.event([], usage=self.gen.usage())
