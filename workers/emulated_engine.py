@@ -1,4 +1,4 @@
-"""An emulated accelerator: the engine protocol, the real scheduler, a GPU's step times, no GPU.
+"""An emulated accelerator: the engine core and the real scheduler, a GPU's step times, no GPU.
 
 Each step sleeps for the time an accelerator profile (accelerator_profiles.py) predicts for
 its prompt rows, decode rows and KV context, scaled to the farm's model, so the process uses
@@ -21,42 +21,100 @@ from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from pathlib import Path
 
-from syshax.shared.sampling import SamplingParams
-
 from .accelerator_profiles import AcceleratorProfile, ModelScale, load_profile, model_scale
-from .engine.config import ModelConfig
-from .engine.errors import EngineError, RequestError
+from .engine.config import ModelConfig, read_model_config
+from .engine.core import EngineCore, ImportedKV, Sampled, StandInRunner, echo_tokens
+from .engine.errors import EngineError
 from .engine.kv_identity import KVIdentity
-from .engine.outputs import EngineStats, StepOutput
-from .engine.protocol import PortableKV, SchedulerRequests
-from .engine.scheduler import (
-    DEFAULT_BLOCK_SIZE,
-    DEFAULT_MAX_NUM_BATCHED_TOKENS,
-    ScheduledStep,
-    Scheduler,
-)
+from .engine.outputs import StepOutput
+from .engine.protocol import PortableKV
+from .engine.scheduler import DEFAULT_BLOCK_SIZE, ScheduledStep, Scheduler
+from .engine.sequence import Sequence
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_MODEL_LEN = 2048
 MEANINGLESS_NOTICE = "[emulated accelerator: meaningless text] "
 KV_DTYPES = ("float16", "bfloat16", "float32")
 
 
-def read_model_config(path: Path) -> ModelConfig:
-    """The model's config as the real engine reads it (same fingerprint), without loading
-    weights: a GGUF's header (and its small rope_freqs tensor) or an HF folder's config.json."""
-    if path.is_file() and path.suffix == ".gguf":
-        from .engine.gguf_weights import open_gguf
+class EmulatedRunner(StandInRunner, PortableKV):
+    def __init__(
+        self,
+        config: ModelConfig,
+        kv_identity: KVIdentity,
+        profile: AcceleratorProfile,
+        scale: ModelScale,
+        *,
+        kv_dtype: str = "float16",
+        mark_text: bool = True,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        if kv_dtype not in KV_DTYPES:
+            raise EngineError(f"kv_dtype {kv_dtype!r} is not one of {', '.join(KV_DTYPES)}")
+        self.config, self.kv_identity, self.profile, self.scale = (
+            config,
+            kv_identity,
+            profile,
+            scale,
+        )
+        self.kv_dtype, self.mark_text, self._sleep = kv_dtype, mark_text, sleep
+        self._end = 0.0  # when the step in progress ends, by the profile
 
-        return ModelConfig.from_hf(open_gguf(path).hf_config, source=str(path), name=path.stem)
-    from .engine.hf_weights import read_config
+    @property
+    def model_id(self) -> str:
+        return self.config.fingerprint()
 
-    return ModelConfig.from_hf(read_config(path), source=str(path / "config.json"), name=path.name)
+    def predicted_seconds(self, step: ScheduledStep) -> float:
+        """The profile's time for a scheduled step. Context: the cached positions the step's
+        rows attend to (a decode row at position p reads p + 1 with its own; a prompt chunk
+        reads the prefix cached before it: its own rows are in prefill_tokens_per_s)."""
+        decode_rows = step.decode_rows
+        context = sum(c.start for c in step.chunks) + decode_rows
+        return self.profile.step_seconds(
+            step.num_rows - decode_rows, decode_rows, context, self.scale
+        )
+
+    def execute(self, step: ScheduledStep, started: float) -> Sampled:
+        self._end = started + self.predicted_seconds(step)
+        return echo_tokens(step)
+
+    def finish(self, outputs: list[StepOutput]) -> None:
+        if self.mark_text:
+            for out in outputs:
+                if out.index == 0:
+                    out.text = MEANINGLESS_NOTICE + out.text
+        # The bookkeeping so far overlaps the "GPU" time, as vLLM's async scheduling does:
+        # sleep until the predicted end (in a loop: a step never ends early).
+        while (left := self._end - time.perf_counter()) > 0:
+            self._sleep(left)
+
+    def export_kv(self, seq: Sequence) -> bytes:
+        """A blob in the real engine's format and the model's shape, zeros for contents."""
+        import torch
+
+        from .engine import kv_format
+
+        c = self.config
+        zeros = torch.zeros(
+            (c.num_layers, c.num_kv_heads, seq.num_cached, c.head_dim),
+            dtype=getattr(torch, self.kv_dtype),
+        )
+        return kv_format.encode(c, zeros, zeros, seq.output_ids[-1], identity=self.kv_identity)
+
+    def read_kv(self, blob, prompt_ids: Seq[int], output_ids: Seq[int]) -> ImportedKV:
+        """A blob of this model (ours or a real engine's): the header is checked as the real
+        engine checks it; the contents are not needed here."""
+        from .engine import kv_format
+
+        header, _, _ = kv_format.checked(
+            blob, self.config, self.kv_identity, prompt_ids, output_ids, tensors=False
+        )
+        return ImportedKV(header.num_tokens)
 
 
-class EmulatedEngine(SchedulerRequests, PortableKV):
+class EmulatedEngine(EngineCore):
     emulated = True  # for whoever labels outputs (the worker, metrics)
+    runner: EmulatedRunner
 
     def __init__(
         self,
@@ -87,49 +145,40 @@ class EmulatedEngine(SchedulerRequests, PortableKV):
         the CPU workers on the same model take them)."""
         from .engine.loader import resolve_model_path
 
-        if kv_dtype not in KV_DTYPES:
-            raise EngineError(f"kv_dtype {kv_dtype!r} is not one of {', '.join(KV_DTYPES)}")
-        self.profile = profile if isinstance(profile, AcceleratorProfile) else load_profile(profile)
+        if not isinstance(profile, AcceleratorProfile):
+            profile = load_profile(profile)
         self.model_path = resolve_model_path(model)
-        self.config = read_model_config(self.model_path)
-        self.kv_identity = KVIdentity.of(self.model_path, served_model)
+        config = read_model_config(self.model_path)
         if scale is None:
-            scale = model_scale(self.model_path, self.profile)
+            scale = model_scale(self.model_path, profile)
         elif not isinstance(scale, ModelScale):
             scale = ModelScale(weights=float(scale), kv=float(scale))
-        self.scale: ModelScale = scale
-        limit = self.config.max_position_embeddings
-        if self.config.sliding_window:
-            limit = min(limit, self.config.sliding_window)  # as the real engine caps it
-        if max_model_len is None:
-            max_model_len = min(limit, DEFAULT_MAX_MODEL_LEN)
-        elif max_model_len > limit:
-            raise EngineError(
-                f"max_model_len {max_model_len} exceeds the model's limit of {limit} positions"
-            )
-        self.max_model_len = max_model_len
-        self.kv_dtype = kv_dtype
-        self.tokenizer = tokenizer
-        self.mark_text = mark_text
-        self._sleep = sleep
-        slots = min(max_num_seqs, self.profile.max_batch)
-        capacity = kv_capacity_tokens or self.profile.kv_capacity_tokens
+        identity = KVIdentity.of(self.model_path, served_model)
+        runner = EmulatedRunner(
+            config, identity, profile, scale, kv_dtype=kv_dtype, mark_text=mark_text, sleep=sleep
+        )
+        slots = min(max_num_seqs, profile.max_batch)
+        capacity = kv_capacity_tokens or profile.kv_capacity_tokens
         try:
             # No eos stops (as the echo stand-in): a request's own stop_token_ids still apply.
-            self.scheduler = Scheduler(
+            scheduler = Scheduler(
                 max_num_seqs=slots,
-                max_model_len=max_model_len,
-                max_num_batched_tokens=max_num_batched_tokens
-                or max(DEFAULT_MAX_NUM_BATCHED_TOKENS, slots),
+                max_model_len=config.context_length(max_model_len),  # as the real engine's
+                max_num_batched_tokens=max_num_batched_tokens,
                 num_blocks=capacity // block_size,
                 block_size=block_size,
                 prefix_caching=prefix_caching,
-                vocab_size=self.config.vocab_size,
+                vocab_size=config.vocab_size,
                 tokenizer=tokenizer,
             )
         except ValueError as exc:
-            raise EngineError(f"emulated accelerator {self.profile.name!r}: {exc}") from exc
-        self.stats = EngineStats()
+            raise EngineError(f"emulated accelerator {profile.name!r}: {exc}") from exc
+        super().__init__(runner, scheduler, tokenizer)
+        self.config, self.profile, self.scale = config, profile, scale
+        self._announce()
+
+    def _announce(self) -> None:
+        blocks = self.scheduler.blocks
         log.warning(
             "EMULATED accelerator %r (%s): no model runs here, steps sleep for the profile's "
             "predicted time (scale %.4g weights, %.4g KV vs %s); tokens are the prompt echoed "
@@ -141,85 +190,6 @@ class EmulatedEngine(SchedulerRequests, PortableKV):
             self.scale.kv,
             self.profile.reference_model,
             self.config.name,
-            slots,
-            (capacity // block_size) * block_size,
+            self.num_slots,
+            blocks.num_blocks * blocks.block_size,
         )
-
-    @property
-    def model_id(self) -> str:
-        return self.config.fingerprint()
-
-    # ---- the loop -----------------------------------------------------------------------
-
-    def predicted_seconds(self, step: ScheduledStep) -> float:
-        """The profile's time for a scheduled step. Context: the cached positions the step's
-        rows attend to (a decode row at position p reads p + 1 with its own; a prompt chunk
-        reads the prefix cached before it: its own rows are in prefill_tokens_per_s)."""
-        decode_rows = step.decode_rows
-        context = sum(c.start for c in step.chunks) + decode_rows
-        return self.profile.step_seconds(
-            step.num_rows - decode_rows, decode_rows, context, self.scale
-        )
-
-    def step(self) -> list[StepOutput]:
-        start = time.perf_counter()
-        step = self.scheduler.schedule()
-        if not step.chunks:
-            return []
-        decode_rows = step.decode_rows
-        seconds = self.predicted_seconds(step)
-        tokens = []
-        for chunk in step.sampling:
-            seq = chunk.seq
-            tokens.append(seq.prompt_ids[len(seq.output_ids) % len(seq.prompt_ids)])
-        outs = self.scheduler.update(step, tokens, [None] * len(tokens))
-        if self.mark_text:
-            for out in outs:
-                if out.index == 0:
-                    out.text = MEANINGLESS_NOTICE + out.text
-        # The bookkeeping above overlaps the "GPU" time, as vLLM's async scheduling does: sleep
-        # until the predicted end (in a loop: a step never ends early).
-        end = start + seconds
-        while (left := end - time.perf_counter()) > 0:
-            self._sleep(left)
-        self.stats.record(step.num_rows - decode_rows, decode_rows, time.perf_counter() - start)
-        return outs
-
-    # ---- KV movement --------------------------------------------------------------------
-
-    def export_kv(self, request_id: str, release: bool = True) -> bytes:
-        """A blob in the real engine's format and the model's shape, zeros for contents."""
-        seq = self.scheduler.sequences.get(request_id)
-        if seq is None or not seq.block_table or seq.length - seq.num_cached != 1:
-            raise RequestError(f"request {request_id!r} has no KV cache in this engine")
-        import torch
-
-        from .engine import kv_format
-
-        c = self.config
-        zeros = torch.zeros(
-            (c.num_layers, c.num_kv_heads, seq.num_cached, c.head_dim),
-            dtype=getattr(torch, self.kv_dtype),
-        )
-        blob = kv_format.encode(c, zeros, zeros, seq.output_ids[-1], identity=self.kv_identity)
-        if release:
-            self.abort(request_id)
-        return blob
-
-    def import_kv(
-        self,
-        request_id: str,
-        blob: bytes | memoryview,
-        prompt_ids: Seq[int],
-        output_ids: Seq[int],
-        params: SamplingParams,
-    ) -> None:
-        """Continue a request from a blob of this model (ours or a real engine's): the header
-        is checked as the real engine checks it; the contents are not needed here."""
-        from .engine import kv_format
-
-        header, _ = kv_format.decode_header(blob)
-        header.check_compatible(self.config, self.kv_identity)
-        header.check_request(prompt_ids, output_ids)
-        seq = self.scheduler.new_sequence(request_id, prompt_ids, params, output_ids)
-        self.scheduler.add_running(seq, header.num_tokens)

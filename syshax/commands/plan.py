@@ -41,7 +41,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cores", type=int, help="cores for CPU decode workers (default: every core this process may use)")  # fmt: skip
     p.add_argument("--cpu-max-batch", type=int, help="most streams per CPU worker (default: the config's cpu_max_batch_size)")  # fmt: skip
     p.add_argument("--layouts", help="CPU layouts to consider, as WORKERSxTHREADS comma-separated (default: every even split of --cores)")  # fmt: skip
-    p.add_argument("--cpu-step-ms", metavar="BASE,PER_ROW[,TAIL]", help="skip the probe: one CPU worker's step is BASE + PER_ROW x streams ms, slow steps TAIL x that (default tail 1); one layout (the config's cpu.workers x cpu.threads, or --layouts)")  # fmt: skip
+    p.add_argument("--cpu-step-ms", metavar="BASE,PER_ROW[,TAIL]", help="skip the probe: one CPU worker's step is BASE + PER_ROW x streams ms, slow steps TAIL x that (default tail 1); one layout (the config's cpu.workers x the CPU workers' threads: OMP_NUM_THREADS, else cpu.threads; or --layouts)")  # fmt: skip
     p.add_argument("--probe-steps", type=int, default=12, help="timed steps per batch size in the probe (default %(default)s)")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print the prediction as JSON instead of tables")  # fmt: skip
 
@@ -57,10 +57,10 @@ def _layouts(args, cfg, cores: int) -> list[tuple[int, int]]:
                 raise ValueError(f"--layouts: {item!r} is not WORKERSxTHREADS (e.g. 2x4)")
             out.append((int(w), int(t)))
         return out
-    if args.cpu_step_ms:
-        from syshax.shared.config import resolve_threads
+    if args.cpu_step_ms:  # the CPU workers as the config runs them (at least one)
+        from syshax.workers.settings import cpu_threads
 
-        return [(cfg.cpu.workers or 1, resolve_threads(cfg.cpu.threads))]
+        return [(cfg.cpu.workers or 1, cpu_threads(cfg))]
     return layouts_for(cores)
 
 

@@ -5,7 +5,8 @@ Starts an embedded Redis when no `redis.url` is configured, then the gateway, th
 workers, each as `syshax worker ...` / `syshax gateway ...` so one crash does not take the
 others down.
 
-The one-host layout (`layout`): with an accelerator, the xPU worker prefills on it and one CPU
+The one-host layout (workers/settings.py `farm_layout`, the rule a bare `syshax worker`
+follows too): with an accelerator, the xPU worker prefills on it and one CPU
 decode worker takes the decodes the dispatcher sends to the CPU. With none, a second worker
 would only split the same cores into two halves that each read all the weights (measured in
 docs/benchmarks.md: the split served less than one worker), so the default is one worker with
@@ -44,6 +45,8 @@ import redis
 from syshax.broker.farm_redis import FarmRedis
 from syshax.broker.keys import Keys
 from syshax.commands.supervisor import Child, Supervisor
+from syshax.workers.checks import xpu_engine_problems
+from syshax.workers.settings import ENGINES, farm_engines, farm_layout
 
 log = logging.getLogger("syshax.run")
 
@@ -65,7 +68,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--engine",
-        choices=("model", "echo", "emulated", "vllm"),
+        choices=ENGINES,
         default=None,
         help="model = the real engine in every worker; echo = zero-cost stand-in engine in every "
         "worker, to measure the farm's own overhead; emulated = an emulated accelerator as the "
@@ -85,41 +88,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-gateway", action="store_true", help="start only Redis and the workers")
 
 
-def has_accelerator(device: str) -> bool:
-    """Will the xPU worker find a CUDA device? Decided without importing torch (the supervisor
-    stays small): the setting, else whether the NVIDIA driver lists a GPU."""
-    if device == "cpu":
-        return False
-    if device.startswith("cuda"):
-        return True
-    gpus = "/proc/driver/nvidia/gpus"
-    return os.path.isdir(gpus) and bool(os.listdir(gpus))
-
-
 def engines(cfg, engine: str | None) -> tuple[str, str]:
-    """(the xPU worker's engine, the CPU workers' engine) for `--engine` (None = the config)."""
-    if engine in ("model", "echo"):
-        return engine, engine
-    if engine is None:
-        engine = "model" if cfg.gpu.engine == "native" else cfg.gpu.engine
-    return engine, "model"
+    """(the xPU worker's engine, the CPU workers' engine) for `--engine` (None = the config);
+    workers/settings.py decides (bench/serve.py lays out its farms through this name)."""
+    return farm_engines(cfg, engine)
 
 
 def layout(cfg, cpu_workers: int | None, xpu_engine: str | None = None) -> tuple[int, int | None]:
-    """(CPU decode workers, threads for the xPU worker or None for its own default).
-    `xpu_engine` None = the config's; an emulated accelerator counts as an accelerator; vLLM
-    keeps its own threads."""
-    xpu_engine = xpu_engine or engines(cfg, None)[0]
-    emulated = xpu_engine == "emulated"
-    accel = emulated or has_accelerator(cfg.gpu.device)
-    n_cpu = cpu_workers if cpu_workers is not None else cfg.cpu.workers
-    if n_cpu is None:
-        n_cpu = 1 if accel else 0
-    threads = None
-    if not accel and n_cpu == 0 and cfg.gpu.threads is None and xpu_engine != "vllm":
-        threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-        threads = threads or os.cpu_count() or 1
-    return n_cpu, threads
+    """(CPU decode workers, --threads for the xPU worker or None for its own default), as
+    workers/settings.py's `farm_layout` decides; `xpu_engine` None = the config's."""
+    plan = farm_layout(cfg, xpu_engine, cpu_workers)
+    return plan.cpu_workers, plan.xpu_threads
 
 
 def _children(args, cfg, config_path: str | None) -> list[Child]:
@@ -127,8 +106,9 @@ def _children(args, cfg, config_path: str | None) -> list[Child]:
     user can read /proc/PID/cmdline): they read $SYSHAX_REDIS_URL from the environment."""
     base = [sys.executable, "-m", "syshax.cli"]
     common = ["--config", config_path] if config_path else []
-    xpu_engine, cpu_engine = engines(cfg, args.engine)
-    n_cpu, xpu_threads = layout(cfg, args.cpu_workers, xpu_engine)
+    plan = farm_layout(cfg, args.engine, args.cpu_workers)
+    xpu_engine, cpu_engine = plan.xpu_engine, plan.cpu_engine
+    n_cpu, xpu_threads = plan.cpu_workers, plan.xpu_threads
     emulated = {"emulated": f", EMULATED {cfg.gpu.profile}", "vllm": ", vLLM"}.get(xpu_engine, "")
     log.info(
         "layout: xPU-role worker (prefill + decode%s%s) + %d CPU decode worker(s)",
@@ -181,7 +161,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         cfg = load_config(args.config)
         apply_log_level(cfg.log_level)
-        problems = _engine_problems(cfg, args)
+        # What keeps the xPU worker's engine from starting, said before anything starts: a
+        # worker that cannot load it would only be restarted in a loop.
+        problems = xpu_engine_problems(cfg, farm_engines(cfg, args.engine)[0])
         if not problems:
             config_path = resolve_config_path(args.config)
             redis_child, server, url = _redis(cfg, config_path)
@@ -280,21 +262,3 @@ def _published(cfg, config_path, url: str):
     finally:
         farm_file.remove(published)
         sweep_segments(farm_tag)
-
-
-def _engine_problems(cfg, args) -> list[str]:
-    """What keeps the xPU worker's engine from starting, checked once here: a worker that
-    cannot load it would only be restarted in a loop."""
-    engine = engines(cfg, args.engine)[0]
-    if engine == "emulated":
-        from syshax.workers.accelerator_profiles import ProfileError, load_profile
-
-        try:
-            load_profile(cfg.gpu.profile)
-        except ProfileError as exc:
-            return [f"gpu.profile: {exc}"]
-    if engine == "vllm":  # vLLM here, its settings, an HF folder
-        from syshax.commands.vllm_setup import vllm_problems
-
-        return list(vllm_problems(cfg))
-    return []

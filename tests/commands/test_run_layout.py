@@ -12,6 +12,7 @@ from syshax.shared.config import Config, set_key
 from syshax.commands import run
 
 CORES = len(os.sched_getaffinity(0))
+HALF = max(1, CORES // 2)
 
 
 def _cfg(**keys: str) -> Config:
@@ -27,7 +28,9 @@ def _cfg(**keys: str) -> Config:
         ({"gpu__device": "cpu"}, None, (0, CORES)),  # no accelerator: one worker, every core
         ({"gpu__device": "cuda"}, None, (1, None)),  # accelerator: xPU + one CPU decoder
         ({"gpu__device": "cpu", "cpu__workers": "2"}, None, (2, None)),  # asked for the split
-        ({"gpu__device": "cpu"}, 1, (1, None)),  # --cpu-workers wins over the config
+        # --cpu-workers wins over the config; the xPU worker, which by the config alone would
+        # be the only worker and take every core, is told its half
+        ({"gpu__device": "cpu"}, 1, (1, HALF)),
         ({"gpu__device": "cuda", "cpu__workers": "0"}, None, (0, None)),
         ({"gpu__device": "cpu", "gpu__threads": "1"}, None, (0, None)),  # threads as set
     ],

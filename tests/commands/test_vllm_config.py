@@ -12,9 +12,12 @@ from pathlib import Path
 
 import pytest
 from syshax.shared.config import Config, ConfigError, load_config, save_config, set_key
+from syshax.workers import settings
+from syshax.workers.settings import WorkerOverrides
+from syshax.workers.vllm import setup as vllm_setup
 
 from syshax.cli import build_parser, main
-from syshax.commands import run, vllm_setup, worker
+from syshax.commands import run
 
 from ..lightness import assert_loads_without
 
@@ -43,6 +46,10 @@ def _cfg(**keys: str) -> Config:
     for key, value in keys.items():
         cfg = set_key(cfg, key.replace("__", "."), value)
     return cfg
+
+
+def _overrides(*argv: str) -> WorkerOverrides:
+    return WorkerOverrides.of(build_parser().parse_args(["worker", *argv]))
 
 
 def _no_vllm(monkeypatch) -> None:
@@ -130,20 +137,19 @@ def test_check_config_says_what_a_vllm_xpu_needs(tmp_path: Path, hf_dir: Path, m
 def test_the_xpu_class_follows_gpu_engine_vllm():
     cfg = _cfg(gpu__engine="vllm")
 
-    def resolve(*argv: str) -> tuple[str, str]:
-        args = build_parser().parse_args(["worker", *argv])
-        return worker._engine_and_class(args, cfg, frozenset(args.roles.split(",")))
+    def resolve(*argv: str, config: Config = cfg) -> tuple[str, str]:
+        o = _overrides(*argv)
+        return settings.engine_and_class(config, o, frozenset(o.roles.split(",")))
 
     assert resolve() == ("vllm", "gpu")
     assert resolve("--roles", "decode") == ("model", "cpu")  # the CPU workers run the model
     assert resolve("--engine", "model") == ("model", "gpu")
-    assert worker._engine_and_class(build_parser().parse_args(["worker", "--engine", "vllm", "--roles", "decode"]), Config(), frozenset({"decode"})) == ("vllm", "gpu")  # fmt: skip
+    assert resolve("--engine", "vllm", "--roles", "decode", config=Config()) == ("vllm", "gpu")
 
 
 def test_vllm_args_take_the_farms_slots_context_and_prefix_caching():
     cfg = _cfg(max_model_len="512", kv__prefix_caching="false", gpu__vllm__max_num_batched_tokens="4")  # fmt: skip
-    args = build_parser().parse_args(["worker", "--engine", "vllm", "--dtype", "float32"])
-    vargs = vllm_setup._args(args, cfg, 6)
+    vargs = vllm_setup.worker_args(cfg, _overrides("--engine", "vllm", "--dtype", "float32"), 6)
     assert (vargs.max_num_seqs, vargs.max_model_len, vargs.enable_prefix_caching) == (6, 512, False)
     assert vargs.dtype == "float32" and vargs.max_num_batched_tokens == 6  # raised to the slots
     assert vargs.cpu_kv_cache_gib == 4.0 and vargs.tensor_parallel_size == 1
@@ -160,10 +166,12 @@ def test_vllm_args_take_the_farms_slots_context_and_prefix_caching():
 )
 def test_worker_refusals(argv, message, monkeypatch):
     monkeypatch.setattr(vllm_setup, "vllm_origin", lambda: "/somewhere/vllm")
-    args = build_parser().parse_args(["worker", "--engine", "vllm", *argv])
-    args.engine, cls = worker._engine_and_class(args, Config(), frozenset({"prefill", "decode"}))
+    o = _overrides("--engine", "vllm", *argv)
+    _, cls = settings.engine_and_class(Config(), o, frozenset({"prefill", "decode"}))
     with pytest.raises(ValueError, match=message):
-        vllm_setup.check_worker(args, Config(), cls)
+        vllm_setup.check_worker(Config(), o, cls)
+    with pytest.raises(ValueError, match=message):  # the same refusal from the one entry point
+        settings.WorkerSettings.from_config(Config(), o)
 
 
 @pytest.mark.skipif(vllm_setup.vllm_origin() is not None, reason="vLLM is installed here")
@@ -213,8 +221,11 @@ def test_help_and_import_lightness(capsys):
         text = " ".join(capsys.readouterr().out.split())
         assert "vllm = vLLM" in text and "docs/vllm.md" in text and "vllm/bin/syshax" in text
     assert_loads_without(
-        "from syshax.commands import vllm_setup, worker, run, check_config\n"
+        "from syshax.commands import worker, run, check_config\n"
+        "from syshax.workers.vllm import setup as vllm_setup\n"
+        "from syshax.workers import checks, settings\n"
         "from syshax.shared.config import Config\n"
-        "vllm_setup.vllm_problems(Config()); vllm_setup.describe(Config())",
+        "vllm_setup.vllm_problems(Config()); vllm_setup.describe(Config())\n"
+        "settings.farm_layout(Config(), 'vllm'); checks.xpu_engine_problems(Config(), 'vllm')",
         ("vllm", "torch"),
     )

@@ -1,5 +1,6 @@
 """`syshax worker` and `syshax run` with the emulated accelerator: which engine and device class
-a worker gets, the profile checks, the EmulatedEngine it builds, the help text."""
+a worker gets, the profile checks, the EmulatedEngine it builds, the help text. (The rules
+live in workers/settings.py and workers/build.py.)"""
 
 from __future__ import annotations
 
@@ -9,10 +10,13 @@ from pathlib import Path
 
 import pytest
 from syshax.shared.config import KEY_DOCS, Config, save_config, set_key
-from syshax.workers.accelerator_profiles import BUILTIN_PROFILES, load_profile
+from syshax.workers import settings
+from syshax.workers.accelerator_profiles import BUILTIN_PROFILES
+from syshax.workers.build import build_engine
+from syshax.workers.settings import WorkerOverrides, WorkerSettings
 
 from syshax.cli import build_parser, main
-from syshax.commands import run, worker
+from syshax.commands import run
 
 
 @pytest.fixture(autouse=True)
@@ -35,10 +39,13 @@ def _args(*argv: str) -> argparse.Namespace:
     return build_parser().parse_args(["worker", *argv])
 
 
+def _overrides(*argv: str) -> WorkerOverrides:
+    return WorkerOverrides.of(_args(*argv))
+
+
 def _resolve(cfg: Config, *argv: str) -> tuple[str, str]:
-    args = _args(*argv)
-    roles = frozenset(args.roles.split(","))
-    return worker._engine_and_class(args, cfg, roles)
+    o = _overrides(*argv)
+    return settings.engine_and_class(cfg, o, frozenset(o.roles.split(",")))
 
 
 def test_the_xpu_class_follows_gpu_engine_and_the_cpu_class_runs_the_model():
@@ -65,26 +72,31 @@ def test_the_xpu_class_follows_gpu_engine_and_the_cpu_class_runs_the_model():
 )  # fmt: skip
 def test_emulated_options_that_do_not_fit_are_refused(argv, keys, message):
     cfg = _cfg(**keys)
-    args = _args(*argv)
-    args.engine, cls = worker._engine_and_class(args, cfg, frozenset(args.roles.split(",")))
+    o = _overrides(*argv)
+    engine, cls = settings.engine_and_class(cfg, o, frozenset(o.roles.split(",")))
     with pytest.raises(ValueError, match=message):
-        worker._emulated_profile(args, cfg, cls)
+        settings.emulated_profile(cfg, o, engine, cls)
+    with pytest.raises(ValueError, match=message):  # the same refusal from the one entry point
+        WorkerSettings.from_config(cfg, o)
 
 
 def test_the_profile_comes_from_the_option_else_the_config():
     cfg = _cfg(gpu__profile="a100-40gb")
-    assert worker._emulated_profile(_args("--engine", "emulated"), cfg, "gpu").name == "a100-40gb"
-    args = _args("--engine", "emulated", "--profile", "a10")
-    assert worker._emulated_profile(args, cfg, "gpu").name == "a10"
-    assert worker._emulated_profile(_args("--engine", "model"), cfg, "gpu") is None
+    emulated = _overrides("--engine", "emulated")
+    assert settings.emulated_profile(cfg, emulated, "emulated", "gpu").name == "a100-40gb"
+    o = _overrides("--engine", "emulated", "--profile", "a10")
+    assert settings.emulated_profile(cfg, o, "emulated", "gpu").name == "a10"
+    assert settings.emulated_profile(cfg, _overrides("--engine", "model"), "model", "gpu") is None
 
 
 def test_build_engine_makes_an_emulated_engine_with_the_workers_settings():
     cfg = _cfg(max_model_len="512", max_num_batched_tokens="4", kv__prefix_caching="false")
-    args = _args("--engine", "emulated")
-    engine = worker._build_engine(args, cfg, "emulated:a10", 6, profile=load_profile("a10"))
+    o = _overrides("--engine", "emulated", "--profile", "a10", "--max-batch-size", "5")
+    worker = WorkerSettings.from_config(cfg, o)
+    assert (worker.device, worker.slots, worker.handoff_slots) == ("emulated:a10", 5, 1)
+    engine = build_engine(worker)
     assert engine.emulated and engine.profile.name == "a10"
-    assert engine.max_model_len == 512 and engine.num_slots == 6
+    assert engine.max_model_len == 512 and engine.num_slots == worker.engine_slots == 6
     assert engine.scheduler.max_num_batched_tokens == 6  # raised to the slots
     assert engine.scheduler.blocks.prefix_caching is False
     assert engine.tokenizer is not None  # real text for the echoed tokens
@@ -93,11 +105,11 @@ def test_build_engine_makes_an_emulated_engine_with_the_workers_settings():
 def test_prompt_rows_while_decoding_defaults_to_a_cap_on_the_cpu_only():
     from syshax.shared.config_schema import DEFAULT_CPU_PROMPT_ROWS_WHILE_DECODING as CAP
 
-    assert worker._prompt_rows_while_decoding(Config(), "cpu") == CAP
-    assert worker._prompt_rows_while_decoding(Config(), "cuda") is None
+    assert settings.prompt_rows_while_decoding(Config(), "cpu") == CAP
+    assert settings.prompt_rows_while_decoding(Config(), "cuda") is None
     cfg = _cfg(prompt_rows_while_decoding="16")
-    assert worker._prompt_rows_while_decoding(cfg, "cpu") == 16
-    assert worker._prompt_rows_while_decoding(cfg, "cuda") == 16
+    assert settings.prompt_rows_while_decoding(cfg, "cpu") == 16
+    assert settings.prompt_rows_while_decoding(cfg, "cuda") == 16
 
 
 def test_a_bad_profile_or_class_exits_2_before_anything_starts(tmp_path: Path, caplog):

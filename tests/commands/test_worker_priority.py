@@ -1,4 +1,5 @@
-"""A CPU decode worker's priority below the farm's other processes (`_below_the_farm`):
+"""A CPU decode worker's priority below the farm's other processes (workers/process.py
+`below_the_farm`):
 SCHED_IDLE by default, else a normal process at cpu.nice. Each case in a child process (a
 process cannot raise its own priority back)."""
 
@@ -13,8 +14,8 @@ import pytest
 PROBE = """
 import os
 from types import SimpleNamespace
-from syshax.commands.worker import _below_the_farm
-_below_the_farm(SimpleNamespace(sched_idle={idle}, nice={nice}))
+from syshax.workers.process import below_the_farm
+below_the_farm(SimpleNamespace(sched_idle={idle}, nice={nice}))
 print(os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, 0))
 """
 

@@ -96,19 +96,15 @@ def test_offloads_next_is_the_dispatchers_own_answer():
 
 
 def test_only_an_accelerator_in_an_offloading_farm_gets_a_handoff_slot():
-    from types import SimpleNamespace
-
     from syshax.shared.config import load_config
-
-    from syshax.commands.worker import _handoff_slots
+    from syshax.workers.settings import handoff_slots
 
     cfg = load_config(None)
     both = frozenset({"prefill", "decode"})
-    emulated, model = SimpleNamespace(engine="emulated"), SimpleNamespace(engine="model")
-    assert _handoff_slots(emulated, cfg, "gpu", "cpu", both) == 1
-    assert _handoff_slots(model, cfg, "gpu", "cuda", both) == 1
-    assert _handoff_slots(model, cfg, "gpu", "cpu", both) == 0, "the xPU role on the CPU"
-    assert _handoff_slots(model, cfg, "cpu", "cpu", frozenset({"decode"})) == 0
-    assert _handoff_slots(emulated, cfg, "gpu", "cpu", frozenset({"prefill"})) == 0
+    assert handoff_slots(cfg, "emulated", "gpu", "cpu", both) == 1
+    assert handoff_slots(cfg, "model", "gpu", "cuda", both) == 1
+    assert handoff_slots(cfg, "model", "gpu", "cpu", both) == 0, "the xPU role on the CPU"
+    assert handoff_slots(cfg, "model", "cpu", "cpu", frozenset({"decode"})) == 0
+    assert handoff_slots(cfg, "emulated", "gpu", "cpu", frozenset({"prefill"})) == 0
     cfg.decode_device = "xpu"
-    assert _handoff_slots(emulated, cfg, "gpu", "cpu", both) == 0, "nothing to offload"
+    assert handoff_slots(cfg, "emulated", "gpu", "cpu", both) == 0, "nothing to offload"

@@ -35,18 +35,110 @@ class FusedError(RuntimeError):
     """The fused step cannot run this model or batch; the message says why."""
 
 
-def _mat(module: nn.Module, keep: list) -> lib.SxMat:
-    if isinstance(module, QuantLinear):
-        return module.mat
-    if isinstance(module, nn.Linear):
-        w = module.weight.detach()
-        if w.dtype != torch.float32:
-            raise FusedError("fused mode needs float32 weights or SYSHAX_QUANTIZE=q8_0|q4_0")
-        w = w.contiguous()
-        b = None if module.bias is None else module.bias.detach().float().contiguous()
-        keep += [w, b]
-        return lib.make_mat(lib.F32, w, module.out_features, module.in_features, b)
-    raise FusedError(f"cannot run a {type(module).__name__} in the fused step")
+class _Kept:
+    """What the kernels read through raw pointers (float copies of norms and rope tables,
+    contiguous weights, the layer array): it lives as long as the decoder."""
+
+    def __init__(self) -> None:
+        self.tensors: list = []
+
+    def keep(self, obj):
+        self.tensors.append(obj)
+        return obj
+
+    def f32(self, t: torch.Tensor | None) -> int | None:
+        if t is None:
+            return None
+        t = t.detach().float().contiguous()
+        self.tensors.append(t)
+        return t.data_ptr()
+
+    def mat(self, module: nn.Module) -> lib.SxMat:
+        if isinstance(module, QuantLinear):
+            return module.mat
+        if isinstance(module, nn.Linear):
+            w = module.weight.detach()
+            if w.dtype != torch.float32:
+                raise FusedError("fused mode needs float32 weights or SYSHAX_QUANTIZE=q8_0|q4_0")
+            w = w.contiguous()
+            b = None if module.bias is None else module.bias.detach().float().contiguous()
+            self.tensors += [w, b]
+            return lib.make_mat(lib.F32, w, module.out_features, module.in_features, b)
+        raise FusedError(f"cannot run a {type(module).__name__} in the fused step")
+
+
+def _check(c, cache) -> None:
+    """Refuse what the kernels cannot run, before anything is built."""
+    if cache.k.dtype not in (torch.float32, torch.float16) or cache.k.device.type != "cpu":
+        raise FusedError("fused mode runs on the CPU with a float32 or float16 KV cache")
+    if c.head_dim % 8 or c.head_dim > 512:
+        raise FusedError(f"fused mode needs head_dim a multiple of 8 up to 512, got {c.head_dim}")
+    for name, size in (
+        ("hidden_size", c.hidden_size),
+        ("intermediate_size", c.intermediate_size),
+        ("heads x head_dim", c.num_heads * c.head_dim),
+    ):
+        if size % lib.BLOCK:
+            raise FusedError(f"fused mode needs {name} to be a multiple of {lib.BLOCK}, got {size}")
+    if cache.block_size % 8:
+        raise FusedError("fused mode needs a KV block size that is a multiple of 8")
+
+
+def _embedding(model: nn.Module, kept: _Kept) -> dict:
+    embed = model.embed_tokens
+    if isinstance(embed, QuantEmbedding):  # rows stay in the file's blocks
+        kept.tensors.append(embed.table)
+        return {
+            "embed": lib.ptr(embed.table),
+            "embed_type": embed.qtype,
+            "embed_row_bytes": embed.table.shape[1],
+        }
+    return {"embed": kept.f32(embed.weight), "embed_type": lib.F32, "embed_row_bytes": 0}
+
+
+def _layers(model: nn.Module, cache, kept: _Kept):
+    layers = (lib.SxLayer * model.config.num_layers)()
+    for i, block in enumerate(model.layers):
+        attn = block.self_attn
+        layers[i] = lib.SxLayer(
+            attn_norm=kept.f32(block.input_layernorm.weight),
+            ffn_norm=kept.f32(block.post_attention_layernorm.weight),
+            q_norm=kept.f32(attn.q_norm.weight) if attn.q_norm is not None else None,
+            k_norm=kept.f32(attn.k_norm.weight) if attn.k_norm is not None else None,
+            qkv=kept.mat(attn.qkv_proj),
+            o=kept.mat(attn.o_proj),
+            gate_up=kept.mat(block.mlp.gate_up_proj),
+            down=kept.mat(block.mlp.down_proj),
+            k_cache=lib.ptr(cache.k[i]),
+            v_cache=lib.ptr(cache.v[i]),
+        )
+    return layers
+
+
+def _describe(model: nn.Module, cache, kept: _Kept) -> lib.SxModel:
+    """The model as the kernels see it: pointers to its weights, norms, rope tables and the
+    engine's KV cache, no copies of the weights."""
+    c = model.config
+    return lib.SxModel(
+        n_layers=c.num_layers,
+        hidden=c.hidden_size,
+        n_heads=c.num_heads,
+        n_kv_heads=c.num_kv_heads,
+        head_dim=c.head_dim,
+        inter=c.intermediate_size,
+        vocab=c.vocab_size,
+        max_len=model.rope_cos.shape[0],
+        n_slots=cache.num_blocks,
+        block_size=cache.block_size,
+        kv_f16=int(cache.k.dtype == torch.float16),
+        eps=c.rms_norm_eps,
+        **_embedding(model, kept),
+        final_norm=kept.f32(model.norm.weight),
+        lm_head=kept.mat(model.lm_head),
+        rope_cos=kept.f32(model.rope_cos),
+        rope_sin=kept.f32(model.rope_sin),
+        layers=kept.keep(_layers(model, cache, kept)),
+    )
 
 
 class FusedDecoder:
@@ -60,29 +152,10 @@ class FusedDecoder:
     ):
         """`max_tokens`: the most token rows one `step` takes (the scheduler's token budget)."""
         self._ctx = None
-        c = model.config
-        if cache.k.dtype not in (torch.float32, torch.float16) or cache.k.device.type != "cpu":
-            raise FusedError("fused mode runs on the CPU with a float32 or float16 KV cache")
-        if c.head_dim % 8 or c.head_dim > 512:
-            raise FusedError(
-                f"fused mode needs head_dim a multiple of 8 up to 512, got {c.head_dim}"
-            )
-        for name, size in (
-            ("hidden_size", c.hidden_size),
-            ("intermediate_size", c.intermediate_size),
-            ("heads x head_dim", c.num_heads * c.head_dim),
-        ):
-            if size % lib.BLOCK:
-                raise FusedError(
-                    f"fused mode needs {name} to be a multiple of {lib.BLOCK}, got {size}"
-                )
+        _check(model.config, cache)
         self._lib = lib.load()
         self.threads = threads or torch.get_num_threads()
-        self.vocab = c.vocab_size
-        keep: list = [cache.k, cache.v]
-        shape = cache.k.shape  # [layers, blocks, kv_heads, block_size, head_dim]
-        if cache.block_size % 8:
-            raise FusedError("fused mode needs a KV block size that is a multiple of 8")
+        self.vocab = model.config.vocab_size
         if len(numa_nodes()) > 1:
             # Zero the caches from the threads that will use them: each block's first touch
             # puts its pages on the node of the thread that runs its attention. On one node
@@ -92,61 +165,12 @@ class FusedDecoder:
             # (1 GiB at 16 x 2048 positions of the 1B shape: ~0.25 s of a 0.9 s load on a VM)
             # and keeps never-used blocks out of the resident set.
             elem = cache.k.element_size()
+            shape = cache.k.shape  # [layers, blocks, kv_heads, block_size, head_dim]
             self._lib.sx_place_kv(lib.ptr(cache.k), lib.ptr(cache.v), *shape, elem, self.threads)
-
-        def f32(t: torch.Tensor | None) -> int | None:
-            if t is None:
-                return None
-            t = t.detach().float().contiguous()
-            keep.append(t)
-            return t.data_ptr()
-
-        embed = model.embed_tokens
-        if isinstance(embed, QuantEmbedding):  # rows stay in the file's blocks
-            keep.append(embed.table)
-            embed_args = {
-                "embed": lib.ptr(embed.table),
-                "embed_type": embed.qtype,
-                "embed_row_bytes": embed.table.shape[1],
-            }
-        else:
-            embed_args = {"embed": f32(embed.weight), "embed_type": lib.F32, "embed_row_bytes": 0}
-        layers = (lib.SxLayer * c.num_layers)()
-        for i, block in enumerate(model.layers):
-            attn = block.self_attn
-            layers[i] = lib.SxLayer(
-                attn_norm=f32(block.input_layernorm.weight),
-                ffn_norm=f32(block.post_attention_layernorm.weight),
-                q_norm=f32(attn.q_norm.weight) if attn.q_norm is not None else None,
-                k_norm=f32(attn.k_norm.weight) if attn.k_norm is not None else None,
-                qkv=_mat(attn.qkv_proj, keep),
-                o=_mat(attn.o_proj, keep),
-                gate_up=_mat(block.mlp.gate_up_proj, keep),
-                down=_mat(block.mlp.down_proj, keep),
-                k_cache=lib.ptr(cache.k[i]),
-                v_cache=lib.ptr(cache.v[i]),
-            )
-        self.model_desc = lib.SxModel(
-            n_layers=c.num_layers,
-            hidden=c.hidden_size,
-            n_heads=c.num_heads,
-            n_kv_heads=c.num_kv_heads,
-            head_dim=c.head_dim,
-            inter=c.intermediate_size,
-            vocab=c.vocab_size,
-            max_len=model.rope_cos.shape[0],
-            n_slots=cache.num_blocks,
-            block_size=cache.block_size,
-            kv_f16=int(cache.k.dtype == torch.float16),
-            eps=c.rms_norm_eps,
-            **embed_args,
-            final_norm=f32(model.norm.weight),
-            lm_head=_mat(model.lm_head, keep),
-            rope_cos=f32(model.rope_cos),
-            rope_sin=f32(model.rope_sin),
-            layers=layers,
-        )
-        self._layers, self._keep = layers, keep
+        kept = _Kept()
+        kept.tensors += [cache.k, cache.v]
+        self.model_desc = _describe(model, cache, kept)
+        self._keep = kept.tensors  # the layer array too: the struct holds only its pointer
         self.max_tokens = max(max_tokens, 1)
         self._ctx = self._lib.sx_ctx_new(
             ctypes.byref(self.model_desc), self.max_tokens, self.threads, nrc

@@ -10,9 +10,14 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
-from .errors import ModelLoadError
+from .errors import EngineError, ModelLoadError
+
+# The context length of an engine whose caller names none (the farm's workers always do:
+# max_model_len from the config), capped at what the model allows.
+DEFAULT_MAX_MODEL_LEN = 2048
 
 # architectures[0] of config.json -> (has q/k/v bias, has q/k norm)
 SUPPORTED_ARCHITECTURES: dict[str, tuple[bool, bool]] = {
@@ -94,6 +99,27 @@ class ModelConfig:
         except (KeyError, TypeError, ValueError) as exc:
             raise ModelLoadError(f"{source}: missing or invalid field: {exc}") from exc
 
+    @property
+    def position_limit(self) -> int:
+        """The most positions the engines run this model at: attention here is full, so a
+        sliding window caps it (beyond the window the model would attend differently)."""
+        limit = self.max_position_embeddings
+        if self.sliding_window:
+            limit = min(limit, self.sliding_window)
+        return limit
+
+    def context_length(self, asked: int | None) -> int:
+        """`asked` checked against `position_limit` (EngineError), or the default: the
+        smaller of the limit and DEFAULT_MAX_MODEL_LEN."""
+        limit = self.position_limit
+        if asked is None:
+            return min(limit, DEFAULT_MAX_MODEL_LEN)
+        if asked > limit:
+            raise EngineError(
+                f"max_model_len {asked} exceeds the model's limit of {limit} positions"
+            )
+        return asked
+
     def fingerprint(self) -> str:
         """Identity of the model's shape and positional scheme; KV blobs carry it.
 
@@ -122,3 +148,17 @@ def _rope_scaling(cfg: dict[str, Any]) -> dict[str, Any] | None:
     if kind != "llama3":
         raise ModelLoadError(f"rope scaling {kind!r} is not supported (supported: llama3)")
     return {k: v for k, v in scaling.items() if k != "rope_theta"}
+
+
+def read_model_config(path: Path) -> ModelConfig:
+    """The config of the model at `path` as the loader reads it (same fingerprint), without
+    loading weights: a GGUF's header (and its small rope_freqs tensor) or an HF folder's
+    config.json. For the engines that need the model's shape but not its weights (the
+    emulated accelerator, vLLM's KV blobs)."""
+    if path.is_file() and path.suffix == ".gguf":
+        from .gguf_weights import open_gguf
+
+        return ModelConfig.from_hf(open_gguf(path).hf_config, source=str(path), name=path.stem)
+    from .hf_weights import read_config
+
+    return ModelConfig.from_hf(read_config(path), source=str(path / "config.json"), name=path.name)

@@ -174,3 +174,26 @@ def decode(blob: bytes | memoryview) -> tuple[KVHeader, torch.Tensor, torch.Tens
         k = torch.frombuffer(blob, dtype=torch.uint8, count=size, offset=offset)
         v = torch.frombuffer(blob, dtype=torch.uint8, count=size, offset=offset + size)
     return header, k.view(dtype).reshape(shape), v.view(dtype).reshape(shape)
+
+
+def checked(
+    blob: bytes | memoryview,
+    config: ModelConfig,
+    identity: KVIdentity,
+    prompt_ids: Sequence[int],
+    output_ids: Sequence[int],
+    *,
+    tensors: bool = True,
+) -> tuple[KVHeader, torch.Tensor | None, torch.Tensor | None]:
+    """A blob to import for a request, decoded and checked: another model's raises
+    KVIdentityError (the request fails), one that is not this request's KV raises
+    KVFormatError (the worker recomputes). The one import guard of every engine that takes
+    this format (the model's, the emulated accelerator's, vLLM's); `tensors=False` reads the
+    header only (keys and values None)."""
+    if tensors:
+        header, keys, values = decode(blob)
+    else:
+        header, keys, values = decode_header(blob)[0], None, None
+    header.check_compatible(config, identity)
+    header.check_request(prompt_ids, output_ids)
+    return header, keys, values

@@ -1,6 +1,6 @@
-"""The one interface a worker drives an engine through. The model engine (engine.py), the
-echo stand-in (workers/echo_engine.py) and engines for other runtimes implement it; the
-worker never reaches into an engine's scheduler or cache."""
+"""The one interface a worker drives an engine through. The engine core (core.py: the model
+engine, the echo stand-in, the emulated accelerator) and engines for other runtimes (vLLM)
+implement it; the worker never reaches into an engine's scheduler or cache."""
 
 from __future__ import annotations
 
@@ -67,9 +67,8 @@ class EngineProtocol(Protocol):
 
 
 class SchedulerRequests:
-    """The request side of the protocol for an engine built on `Scheduler` (the model engine
-    and the echo stand-in): counts, ids, add / resume / abort. The engine sets
-    `self.scheduler`."""
+    """The request side of the protocol for an engine built on `Scheduler` (the engine core,
+    core.py): counts, ids, add / resume / abort. The engine sets `self.scheduler`."""
 
     scheduler: Scheduler
 
@@ -118,9 +117,9 @@ class SchedulerRequests:
 
 
 class PortableKV:
-    """`describe_kv` for the engines whose blobs are kv_format's (the model engine, the emulated
-    accelerator, vLLM): the header's fields, for the KV handle that records where a blob waits.
-    (kv_format is imported on use: this module stays torch-free.)"""
+    """`describe_kv` for the engines and runners whose blobs are kv_format's (the model's, the
+    emulated accelerator's, vLLM's): the header's fields, for the KV handle that records where
+    a blob waits. (kv_format is imported on use: this module stays torch-free.)"""
 
     def describe_kv(self, blob: bytes | memoryview) -> dict:
         from . import kv_format

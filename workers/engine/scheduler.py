@@ -39,6 +39,29 @@ DEFAULT_MAX_NUM_BATCHED_TOKENS = 256
 DEFAULT_BLOCK_SIZE = 16
 
 
+def step_budget(
+    max_num_seqs: int,
+    max_num_batched_tokens: int | None = None,
+    prompt_rows_while_decoding: int | None = None,
+) -> int:
+    """The token rows a step computes at most (None: DEFAULT_MAX_NUM_BATCHED_TOKENS, raised to
+    the running limit), checked with the limits it must fit; raises ValueError. The one check
+    of these limits: engines call it before loading anything, so a bad value fails at once."""
+    if prompt_rows_while_decoding is not None and prompt_rows_while_decoding < 1:
+        raise ValueError(
+            f"prompt_rows_while_decoding must be >= 1, got {prompt_rows_while_decoding}"
+        )
+    if max_num_seqs < 1:
+        raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
+    budget = max_num_batched_tokens or max(DEFAULT_MAX_NUM_BATCHED_TOKENS, max_num_seqs)
+    if budget < max_num_seqs:
+        raise ValueError(
+            f"max_num_batched_tokens ({budget}) must be at least max_num_seqs "
+            f"({max_num_seqs}): every running sequence decodes one row per step"
+        )
+    return budget
+
+
 @dataclass
 class Chunk:
     """Rows `[start, start + length)` of one sequence, computed in one step."""
@@ -82,7 +105,7 @@ class Scheduler:
         *,
         max_num_seqs: int,
         max_model_len: int,
-        max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
+        max_num_batched_tokens: int | None = None,
         num_blocks: int | None = None,
         block_size: int = DEFAULT_BLOCK_SIZE,
         prefix_caching: bool = True,
@@ -91,24 +114,15 @@ class Scheduler:
         tokenizer=None,
         prompt_rows_while_decoding: int | None = None,
     ):
-        """`num_blocks`: KV blocks of `block_size` positions (default: room for every
-        sequence at max_model_len). `prompt_rows_while_decoding`: the most prompt rows a step
-        with decodes in it takes (None: the rest of the budget)."""
-        if prompt_rows_while_decoding is not None and prompt_rows_while_decoding < 1:
-            raise ValueError(
-                f"prompt_rows_while_decoding must be >= 1, got {prompt_rows_while_decoding}"
-            )
+        """`max_num_batched_tokens`: the step's token budget (default: `step_budget`'s).
+        `num_blocks`: KV blocks of `block_size` positions (default: room for every sequence
+        at max_model_len). `prompt_rows_while_decoding`: the most prompt rows a step with
+        decodes in it takes (None: the rest of the budget)."""
+        self.max_num_batched_tokens = step_budget(
+            max_num_seqs, max_num_batched_tokens, prompt_rows_while_decoding
+        )
         self.prompt_rows_while_decoding = prompt_rows_while_decoding
-        if max_num_seqs < 1:
-            raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
-        if max_num_batched_tokens < max_num_seqs:
-            # Every running sequence must fit its decode row into each step.
-            raise ValueError(
-                f"max_num_batched_tokens ({max_num_batched_tokens}) must be at least "
-                f"max_num_seqs ({max_num_seqs})"
-            )
         self.max_model_len = max_model_len
-        self.max_num_batched_tokens = max_num_batched_tokens
         self.vocab_size = vocab_size
         self.stop_token_ids = stop_token_ids
         self.tokenizer = tokenizer

@@ -24,6 +24,8 @@ from pathlib import Path
 from syshax.shared import env
 from syshax.shared.sampling import SamplingParams
 
+from ..engine.config import read_model_config
+from ..engine.core import Blob, Ids
 from ..engine.errors import EngineError, KVFormatError, RequestError
 from ..engine.kv_identity import KVIdentity
 from ..engine.outputs import EngineStats, StepOutput
@@ -89,7 +91,7 @@ class VllmEngine(PortableKV):
         self.max_model_len = int(vcfg.model_config.max_model_len)
         self._max_num_seqs = int(vcfg.scheduler_config.max_num_seqs)
         self.stats = EngineStats()
-        self.config = _model_config(path)
+        self.config = read_model_config(path)
         self.kv_identity = KVIdentity.of(path, served_model)
         # request id -> (prompt ids, output ids so far); a resumed request's earlier outputs
         # are in its output ids and travel to vLLM as part of the prompt
@@ -254,12 +256,7 @@ class VllmEngine(PortableKV):
         return kv_format.encode(self.config, keys, values, done[-1], identity=self.kv_identity)
 
     def import_kv(
-        self,
-        request_id: str,
-        blob: bytes | memoryview,
-        prompt_ids: Seq[int],
-        output_ids: Seq[int],
-        params: SamplingParams,
+        self, request_id: str, blob: Blob, prompt_ids: Ids, output_ids: Ids, params: SamplingParams
     ) -> None:
         """Continue a request from a CPU worker's KV: vLLM admits it with every token as its
         prompt, the connector writes the blob's positions into the blocks vLLM allocates (all
@@ -270,9 +267,9 @@ class VllmEngine(PortableKV):
         from ..engine import kv_format
         from . import connector, kv_layout
 
-        header, keys, values = kv_format.decode(blob)
-        header.check_compatible(self.config, self.kv_identity)
-        header.check_request(prompt_ids, output_ids)
+        header, keys, values = kv_format.checked(
+            blob, self.config, self.kv_identity, prompt_ids, output_ids
+        )
         try:
             connector.check_loadable(self._engine_id, keys)
         except kv_layout.KVLayoutError as exc:
@@ -293,9 +290,3 @@ def _finish(reason: str | None) -> str | None:
     if reason is None:
         return None
     return "length" if reason == "length" else "stop"
-
-
-def _model_config(path: Path):
-    from ..emulated_engine import read_model_config
-
-    return read_model_config(path)

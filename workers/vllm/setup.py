@@ -1,7 +1,8 @@
 """vLLM as the xPU engine (`gpu.engine: vllm`, `--engine vllm`): what `check-config`, `syshax run`
-and `syshax worker` check before anything starts, and the `VllmArgs` a worker builds from the
-config. Never imports vLLM (whether it is installed is `importlib.util.find_spec`), nor torch:
-`syshax.workers.vllm.args` is standard library only. See docs/vllm.md."""
+and `syshax worker` check before anything starts, the `VllmArgs` a worker's settings carry, and
+the engine built from them. Never imports vLLM until the engine is built (whether it is
+installed is `importlib.util.find_spec`), nor torch: `args.py` is standard library and pydantic
+only. See docs/vllm.md."""
 
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ def vllm_args(cfg, *, max_num_seqs: int, max_model_len: int, dtype: str | None =
     limit (the worker's slots), context length and prefix caching, so the gateway, the
     dispatcher and vLLM agree. A step budget below the slots is raised to them, as for the
     native engine. Raises VllmArgsError (its message names the setting)."""
-    from syshax.workers.vllm.args import VllmArgs
+    from .args import VllmArgs
 
     v = cfg.gpu.vllm
     batched = v.max_num_batched_tokens
@@ -71,7 +72,7 @@ def vllm_problems(cfg) -> list[str]:
     """What stops gpu.engine vllm from starting with this config in this Python: vLLM not
     importable, settings vLLM refuses, more than one GPU per engine, a GGUF model. A missing
     model or a folder without config.json is config.validate's problem, not repeated here."""
-    from syshax.workers.vllm.args import VllmArgsError
+    from .args import VllmArgsError
 
     problems = [] if vllm_origin() else [f"gpu.engine: {missing_vllm()}"]
     try:
@@ -91,15 +92,15 @@ def vllm_problems(cfg) -> list[str]:
     return problems + ([problem] if problem else [])
 
 
-def check_worker(args, cfg, cls: str) -> None:
+def check_worker(cfg, overrides, cls: str) -> None:
     """Refuse, with the reason, what stops `syshax worker --engine vllm` before anything heavy
     loads: another class than the xPU, --device, vLLM not importable here, settings vLLM
-    refuses, a GGUF model (raises ValueError)."""
-    from syshax.workers.vllm.args import VllmArgsError
+    refuses, a GGUF model (raises ValueError). `overrides`: the worker's WorkerOverrides."""
+    from .args import VllmArgsError
 
     if cls != "gpu":
         raise ValueError("the vLLM engine is an accelerator: it serves the xPU class (gpu)")
-    if args.device:
+    if overrides.device:
         raise ValueError(
             "--device does not apply to the vLLM engine (vLLM picks its device; "
             "CUDA_VISIBLE_DEVICES chooses the GPU)"
@@ -107,11 +108,11 @@ def check_worker(args, cfg, cls: str) -> None:
     if not vllm_origin():
         raise ValueError(missing_vllm())
     try:
-        _args(args, cfg, args.max_batch_size or cfg.gpu.max_batch_size)
+        worker_args(cfg, overrides, overrides.max_batch_size or cfg.gpu.max_batch_size)
     except VllmArgsError as exc:
         raise ValueError(f"gpu.vllm: {exc}") from None
     try:  # a missing model is the engine's error, as for every engine
-        path = cfg.model_copy(update={"model": args.model or cfg.model}).model_path()
+        path = cfg.model_copy(update={"model": overrides.model or cfg.model}).model_path()
     except FileNotFoundError:
         return
     problem = model_folder_problem(path)
@@ -119,21 +120,22 @@ def check_worker(args, cfg, cls: str) -> None:
         raise ValueError(problem)
 
 
-def _args(args, cfg, slots: int):
-    max_model_len = args.max_model_len or cfg.max_model_len
-    return vllm_args(cfg, max_num_seqs=slots, max_model_len=max_model_len, dtype=args.dtype)
+def worker_args(cfg, overrides, slots: int):
+    """The VllmArgs of a worker with `slots` engine slots and these overrides."""
+    max_model_len = overrides.max_model_len or cfg.max_model_len
+    return vllm_args(cfg, max_num_seqs=slots, max_model_len=max_model_len, dtype=overrides.dtype)
 
 
-def build_engine(args, cfg, model: Path, slots: int, served_model: str | None = None):
-    """The xPU worker's VllmEngine (imports vLLM): `model` must be an HF folder; `served_model`:
-    the name the worker serves (its KV blobs' identity). A vLLM outside the tested versions
-    raises EngineError, as every refusal the worker reports."""
-    from syshax.workers.engine.errors import EngineError
-    from syshax.workers.vllm.args import VllmArgsError
-    from syshax.workers.vllm.engine import VllmEngine
+def build_engine(model: Path, args, served_model: str | None = None):
+    """The xPU worker's VllmEngine (imports vLLM): `model` must be an HF folder; `args`: its
+    VllmArgs; `served_model`: the name the worker serves (its KV blobs' identity). A vLLM
+    outside the tested versions raises EngineError, as every refusal the worker reports."""
+    from ..engine.errors import EngineError
+    from .args import VllmArgsError
+    from .engine import VllmEngine
 
     try:
-        return VllmEngine(model, _args(args, cfg, slots), served_model)
+        return VllmEngine(model, args, served_model)
     except VllmArgsError as exc:
         raise EngineError(str(exc)) from None
 

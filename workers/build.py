@@ -1,0 +1,91 @@
+"""A worker's engine, built from its settings (settings.py): the engine core with the runner its
+`engine` names (the model, the echo stand-in, the emulated accelerator) or vLLM's engine.
+
+Every engine gets the worker's KV identity (the weights digest of its model and the name the
+worker serves) and its engine slots (the decode slots plus the handoff slots)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from .engine.protocol import EngineProtocol
+from .settings import WorkerSettings
+
+
+def build_engine(settings: WorkerSettings) -> EngineProtocol:
+    """The engine `settings.engine` names; raises EngineError (its message says why) when it
+    cannot be built. vLLM is imported only for the vLLM engine, torch only by those that run
+    a model or read one's shape."""
+    return BUILDERS[settings.engine](settings)
+
+
+def _tokenizer(settings: WorkerSettings):
+    """The model's tokenizer, for the stand-ins' text (their tokens are the prompt's)."""
+    from syshax.shared.tokenizer import Tokenizer
+
+    from .engine.loader import resolve_model_path
+
+    return Tokenizer.from_model_path(resolve_model_path(settings.model))
+
+
+def _model(s: WorkerSettings) -> EngineProtocol:
+    from .engine.engine import Engine
+    from .engine.model_runner import ModelOptions
+
+    kernels = s.kernels.engine_kwargs() if s.kernels is not None else {}
+    options = ModelOptions(
+        device=s.device,
+        dtype=s.dtype,
+        max_model_len=s.max_model_len,
+        max_num_seqs=s.engine_slots,
+        max_num_batched_tokens=s.max_num_batched_tokens,
+        kv_cache_bytes=s.kv_cache_bytes,
+        prefix_caching=s.config.kv.prefix_caching,
+        prompt_rows_while_decoding=s.prompt_rows_while_decoding,
+        served_model=s.served_model,
+        **kernels,
+    )
+    return Engine(s.model, options)
+
+
+def _echo(s: WorkerSettings) -> EngineProtocol:
+    from .echo_engine import EchoEngine
+
+    return EchoEngine(
+        _tokenizer(s),
+        max_model_len=s.max_model_len,
+        max_num_seqs=s.engine_slots,
+        max_num_batched_tokens=s.max_num_batched_tokens,
+        step_delay=s.step_delay,
+        served_model=s.served_model,
+    )
+
+
+def _emulated(s: WorkerSettings) -> EngineProtocol:
+    from .emulated_engine import EmulatedEngine
+
+    return EmulatedEngine(
+        s.model,
+        s.profile,
+        _tokenizer(s),
+        max_model_len=s.max_model_len,
+        max_num_seqs=s.engine_slots,
+        max_num_batched_tokens=s.max_num_batched_tokens,
+        prefix_caching=s.config.kv.prefix_caching,
+        served_model=s.served_model,
+    )
+
+
+def _vllm(s: WorkerSettings) -> EngineProtocol:
+    from .engine.loader import resolve_model_path
+    from .vllm.setup import build_engine as build_vllm
+
+    return build_vllm(resolve_model_path(s.model), s.vllm, s.served_model)
+
+
+BUILDERS: dict[str, Callable[[WorkerSettings], EngineProtocol]] = {
+    "model": _model,
+    "echo": _echo,
+    "emulated": _emulated,
+    "vllm": _vllm,
+}
