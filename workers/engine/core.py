@@ -37,7 +37,17 @@ from .protocol import SchedulerRequests
 from .scheduler import ScheduledStep, Scheduler
 from .sequence import Sequence
 
-Sampled = tuple[list[int], list[float | None]]  # per chunk of step.sampling: token, logprob
+
+@dataclass
+class Sampled:
+    """Per chunk of step.sampling: the token, its logprob and the top logprobs (as (id,
+    logprob) pairs, most likely first), None where the request did not ask."""
+
+    tokens: list[int]
+    logprobs: list[float | None]
+    tops: list[list[tuple[int, float]] | None] | None = None
+
+
 Blob = bytes | memoryview  # a KV blob: bytes, or a view of a lease's shared memory
 Ids = Seq[int]
 
@@ -108,7 +118,7 @@ def echo_tokens(step: ScheduledStep) -> Sampled:
     for chunk in step.sampling:
         seq = chunk.seq
         tokens.append(seq.prompt_ids[len(seq.output_ids) % len(seq.prompt_ids)])
-    return tokens, [None] * len(tokens)
+    return Sampled(tokens, [None] * len(tokens))
 
 
 class EngineCore(SchedulerRequests):
@@ -136,9 +146,9 @@ class EngineCore(SchedulerRequests):
             return []
         decode_rows = step.decode_rows  # before the update moves the sequences on
         computing = time.perf_counter()
-        tokens, logprobs = self.runner.execute(step, started)
+        sampled = self.runner.execute(step, started)
         seconds = time.perf_counter() - computing
-        outs = self.scheduler.update(step, tokens, logprobs)
+        outs = self.scheduler.update(step, sampled.tokens, sampled.logprobs, sampled.tops)
         self.runner.finish(outs)
         if self.runner.timing == "step":
             seconds = time.perf_counter() - started

@@ -69,6 +69,11 @@ class Engine(EngineCore):
             prompt_rows_while_decoding=opts.prompt_rows_while_decoding,
         )
         super().__init__(runner, scheduler, tokenizer)
+        if tokenizer is not None:  # built on the first constrained request (about a second)
+            from syshax.shared import structured
+
+            vocab = runner.config.vocab_size
+            runner.ll_tokenizer = lambda: structured.ll_tokenizer(tokenizer, vocab)
         # The loaded model's parts, for the tools and tests that look inside.
         self.config, self.model, self.model_path = runner.config, runner.model, runner.model_path
         self.device, self.cache, self.fused = runner.device, runner.cache, runner.fused

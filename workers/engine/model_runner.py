@@ -11,8 +11,10 @@ or PyTorch (`TorchRunner`).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -33,7 +35,7 @@ from .loader import (
 from .memory import available_bytes, plan_kv_blocks
 from .protocol import PortableKV
 from .runner import FusedRunner, TorchRunner
-from .sampler import sample
+from .sampler import sample_sequences
 from .scheduler import DEFAULT_BLOCK_SIZE, ScheduledStep, step_budget
 from .sequence import Sequence
 
@@ -155,6 +157,9 @@ class ModelRunner(PortableKV):
         # Once, at load: the header the loader just read is reused, plus ~256 KiB of samples.
         self.kv_identity = KVIdentity.of(self.model_path, served_model)
         self.fused = None
+        # llguidance's view of the tokenizer, for structured outputs; the engine sets it when
+        # it loads one (None: a constrained request fails with a clear error).
+        self.ll_tokenizer: Callable[[], Any] | None = None
         self.forward: FusedRunner | TorchRunner = TorchRunner(self.model, cache, self.device)
         if plan.op_mode == "fused":
             from syshax.workers.cpu.build import KernelBuildError
@@ -186,11 +191,9 @@ class ModelRunner(PortableKV):
     def execute(self, step: ScheduledStep, started: float) -> Sampled:
         logits = self.forward.execute(step)
         chunks = step.sampling
-        sampled: Sampled = ([], [])
+        sampled = Sampled([], [])
         if chunks:
-            sampled = sample(
-                logits, [c.seq.params for c in chunks], [len(c.seq.output_ids) for c in chunks]
-            )
+            sampled = sample_sequences(logits, [c.seq for c in chunks], self.ll_tokenizer)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)  # the step's time is the device's too
         return sampled

@@ -15,6 +15,7 @@ class StepOutput:
     logprob: float | None
     index: int  # 0-based index of this token in the request's output
     finish_reason: str | None = None  # "stop" | "length" | None while running
+    top_logprobs: list[tuple[int, float]] | None = None  # (id, logprob), most likely first
 
     @property
     def finished(self) -> bool:

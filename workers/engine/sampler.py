@@ -11,7 +11,6 @@ Random draws happen on the CPU, so a CUDA and a CPU worker agree too.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -19,6 +18,7 @@ from syshax.shared.sampling import SamplingParams
 
 from . import logits as processing
 from .constraints import Constraint, apply_masks
+from .core import Sampled
 
 _MIX = 0x9E3779B97F4A7C15  # golden-ratio constant: spreads consecutive indices over the seed space
 
@@ -42,42 +42,6 @@ def _filter(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
         logits = torch.empty_like(logits).scatter_(0, order, sorted_logits)
     return logits
-
-
-def sample(
-    logits: torch.Tensor, params: Sequence[SamplingParams], output_index: Sequence[int]
-) -> tuple[list[int], list[float | None]]:
-    """Pick one token per row of `logits` ([n, V], fp32).
-
-    `output_index[i]` is how many tokens row i has generated before this one.
-    Returns the tokens and, where a request asked for them, the chosen token's logprob
-    under the model's (unfiltered) distribution.
-    """
-    tokens = torch.argmax(logits, dim=-1)
-    sampled_rows = [i for i, p in enumerate(params) if not p.greedy]
-    if sampled_rows:
-        cpu_logits = logits[sampled_rows].cpu()
-        picks = []
-        for row, i in zip(cpu_logits, sampled_rows, strict=True):
-            probs = torch.softmax(_filter(row, params[i]), dim=-1)
-            gen = token_generator(params[i].seed, output_index[i])
-            picks.append(torch.multinomial(probs, 1, generator=gen))
-        tokens[sampled_rows] = torch.cat(picks).to(tokens.device)
-    logprob_rows = [i for i, p in enumerate(params) if p.logprobs]
-    logprobs: list[float | None] = [None] * len(params)
-    if logprob_rows:
-        lp = torch.log_softmax(logits[logprob_rows], dim=-1)
-        chosen = lp.gather(1, tokens[logprob_rows][:, None])[:, 0].tolist()
-        for i, v in zip(logprob_rows, chosen, strict=True):
-            logprobs[i] = v
-    return tokens.tolist(), logprobs
-
-
-@dataclass
-class Sampled:
-    tokens: list[int]
-    logprobs: list[float | None]  # the chosen token's (the model's own), where asked
-    tops: list[list[tuple[int, float]] | None] = field(default_factory=list)
 
 
 def sample_sequences(

@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
+from typing import Any
 
 from syshax.shared.sampling import SamplingParams
 
@@ -267,19 +268,25 @@ class Scheduler:
         self.preemptions += 1
 
     def update(
-        self, step: ScheduledStep, tokens: Seq[int], logprobs: Seq[float | None]
+        self,
+        step: ScheduledStep,
+        tokens: Seq[int],
+        logprobs: Seq[float | None],
+        tops: Seq[Any] | None = None,
     ) -> list[StepOutput]:
         """Record a computed step: rows are cached; `tokens[i]` is sampled for the i-th chunk
-        of `step.sampling`. Finished sequences leave and free their blocks."""
+        of `step.sampling` (`tops[i]`: its top logprobs, when asked). Finished sequences leave
+        and free their blocks."""
         outs = []
-        sampled = iter(zip(tokens, logprobs, strict=True))
+        tops = tops if tops is not None else [None] * len(tokens)
+        sampled = iter(zip(tokens, logprobs, tops, strict=True))
         for chunk in step.chunks:
             seq = chunk.seq
             seq.num_cached = chunk.start + chunk.length
             self.blocks.cache_full_blocks(seq)
             if not chunk.samples:
                 continue
-            token, logprob = next(sampled)
+            token, logprob, top = next(sampled)
             seq.logprobs.append(logprob)
             text = record_token(seq, token, self.stop_token_ids, self.max_model_len)
             if seq.finish_reason is not None:
@@ -293,6 +300,7 @@ class Scheduler:
                     logprob,
                     len(seq.output_ids) - 1,
                     seq.finish_reason,
+                    top,
                 )
             )
         return outs

@@ -31,6 +31,7 @@ from ..engine.kv_identity import KVIdentity
 from ..engine.outputs import EngineStats, StepOutput
 from ..engine.protocol import PortableKV
 from .args import VllmArgs, VllmArgsError, check_version
+from .sampling import sampling_kwargs, structured_kwargs
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +98,7 @@ class VllmEngine(PortableKV):
         # are in its output ids and travel to vLLM as part of the prompt
         self._requests: dict[str, tuple[list[int], list[int]]] = {}
         self._vllm_ids: dict[str, str] = {}  # ours -> vLLM's internal id (what its core sees)
+        self._top_k: dict[str, int] = {}  # top logprobs asked per request (0: none)
         log.info("vLLM %s engine ready: %s, %s", vllm.__version__, path, args.describe())
 
     # ---- counts ----------------------------------------------------------------------------
@@ -162,11 +164,13 @@ class VllmEngine(PortableKV):
             stop=list(params.stop) or None,
             stop_token_ids=list(params.stop_token_ids) or None,
             ignore_eos=params.ignore_eos,
-            logprobs=0 if params.logprobs else None,
             max_tokens=max(1, min(max_tokens, self.max_model_len - total)),
             output_kind=self._delta,
+            structured_outputs=self._structured(params),
+            **sampling_kwargs(params),  # penalties, min_p, logit_bias, logprobs (sampling.py)
         )
         self._requests[rid] = (prompt, list(done))
+        self._top_k[rid] = params.top_logprobs
         try:
             internal = self._llm.add_request(rid, {"prompt_token_ids": prompt + done}, vparams)
         except Exception as exc:
@@ -178,6 +182,7 @@ class VllmEngine(PortableKV):
         from . import connector
 
         internal = self._vllm_ids.pop(request_id, None)
+        self._top_k.pop(request_id, None)
         if internal is not None:
             connector.withdraw(self._engine_id, internal)
         if self._requests.pop(request_id, None) is not None:
@@ -207,10 +212,12 @@ class VllmEngine(PortableKV):
             finish = completion.finish_reason if out.finished else None
             for i, token in enumerate(new):
                 last = i == len(new) - 1
-                logprob = None
+                logprob, top = None, None
                 if completion.logprobs and i < len(completion.logprobs):
-                    entry = completion.logprobs[i].get(token)
+                    ranked = completion.logprobs[i]  # token -> Logprob(logprob, rank, ...)
+                    entry = ranked.get(token)
                     logprob = None if entry is None else float(entry.logprob)
+                    top = _top(ranked, self._top_k.get(out.request_id, 0))
                 done.append(token)
                 steps.append(
                     StepOutput(
@@ -220,13 +227,24 @@ class VllmEngine(PortableKV):
                         logprob=logprob,
                         index=len(done) - 1,
                         finish_reason=_finish(finish) if last else None,
+                        top_logprobs=top,
                     )
                 )
             if out.finished:
+                self._top_k.pop(out.request_id, None)
                 self._requests.pop(out.request_id, None)
                 self._vllm_ids.pop(out.request_id, None)
         self.stats.record(prompt_rows, decode_rows, seconds)
         return steps
+
+    def _structured(self, params: SamplingParams):
+        """vLLM's StructuredOutputsParams for the request's constraint (None: free text)."""
+        kwargs = structured_kwargs(params.structured)
+        if kwargs is None:
+            return None
+        from vllm.sampling_params import StructuredOutputsParams
+
+        return StructuredOutputsParams(**kwargs)
 
     # ---- KV handoff ------------------------------------------------------------------------
 
@@ -283,6 +301,15 @@ class VllmEngine(PortableKV):
         from . import connector
 
         connector.forget(self._engine_id)
+
+
+def _top(ranked: dict, k: int) -> list[tuple[int, float]] | None:
+    """vLLM's logprobs of one position (token -> Logprob with its rank: the k most likely, plus
+    the chosen token when it is not among them) as our top list, most likely first."""
+    if k <= 0:
+        return None
+    items = sorted(ranked.items(), key=lambda kv: kv[1].rank or 0)
+    return [(int(t), float(lp.logprob)) for t, lp in items if lp.rank and lp.rank <= k]
 
 
 def _finish(reason: str | None) -> str | None:

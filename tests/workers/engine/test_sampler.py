@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 from syshax.shared.sampling import SamplingError, SamplingParams
-from syshax.workers.engine.sampler import _filter, sample
+from syshax.workers.engine.sampler import _filter, sample_sequences
+from syshax.workers.engine.sequence import Sequence
+
+
+def sample(logits, params, indices):
+    """(tokens, logprobs) for rows with these params, each at output index `indices[i]`."""
+    seqs = [Sequence("r", [1], p, [0] * i) for p, i in zip(params, indices, strict=True)]
+    out = sample_sequences(logits, seqs)
+    return out.tokens, out.logprobs
 
 
 def test_greedy_picks_argmax_and_reports_logprob():
