@@ -332,6 +332,7 @@ class Worker:
                     token_id=o.token_id,
                     text=o.text,
                     logprob=o.logprob,
+                    top_logprobs=o.top_logprobs,
                     finish_reason=o.finish_reason,
                     prompt_tokens=prompt_tokens,
                     worker=wid,
