@@ -5,24 +5,30 @@ If the answer is its own class and it decodes too, the sequence stays in its eng
 its KV goes to the KV store (shared memory when every decoder of the target class is on this
 host, Redis otherwise) and a decode job is queued on the target class's stream, in the same
 MULTI that acks the prefill entry.
+
+Two reads fill a slot the handoff would otherwise leave empty: `take_queued` (a CPU decoder
+takes a job waiting on the full xPU's stream) and `prefill_ahead` (an xPU worker prefills a
+prompt into a handoff slot for the CPU to decode).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
 
-from syshax.broker.dispatcher import Decision
+import redis
+from syshax.broker.dispatcher import Decision, Dispatcher
+from syshax.broker.keys import Keys
+from syshax.broker.kv_store import KVStore
 from syshax.broker.schemas import DecodeJob
-from syshax.broker.worker_io import device_loads, record_dispatch
+from syshax.broker.worker_io import Entry, WorkQueues, record_dispatch
 
 from .engine.errors import EngineError
-
-if TYPE_CHECKING:
-    from syshax.broker.worker_io import Entry
-
-    from .worker import Job, Worker
+from .engine.protocol import EngineProtocol
+from .farm_view import FarmView
+from .metrics import WorkerMetrics
+from .streams import Streams
+from .worker_options import Job, WorkerOptions
 
 log = logging.getLogger(__name__)
 # How often a worker with a slot to fill reads both classes' loads (one Redis round trip) for
@@ -31,125 +37,148 @@ log = logging.getLogger(__name__)
 LOAD_CHECK_S = 0.05
 
 
-def _check_due(worker: Worker) -> bool:
-    """Whether LOAD_CHECK_S has passed since the last `take_queued` / `prefill_ahead` check
-    (a worker makes one of the two: a CPU decode worker the first, an xPU worker the second)."""
-    now = time.monotonic()
-    if now - worker.loads_checked_at < LOAD_CHECK_S:
-        return False
-    worker.loads_checked_at = now
-    return True
+class Handoff:
+    def __init__(
+        self,
+        engine: EngineProtocol,
+        opts: WorkerOptions,
+        dispatcher: Dispatcher,
+        *,
+        r: redis.Redis,
+        keys: Keys,
+        streams: Streams,
+        kv: KVStore,
+        farm: FarmView,
+        metrics: WorkerMetrics,
+    ):
+        self.engine, self.opts, self.dispatcher = engine, opts, dispatcher
+        self.r, self.keys, self.streams, self.kv = r, keys, streams, kv
+        self.farm, self.metrics = farm, metrics
+        # The prompts alone, read into a handoff slot while the decode slots are full: only a
+        # worker that prefills and decodes and has handoff slots (WorkerOptions.handoff_slots).
+        self.ahead: WorkQueues | None = None
+        if opts.handoff_slots > 0 and {"prefill", "decode"} <= opts.roles:
+            self.ahead = WorkQueues(r, [keys.prefill_stream], opts.worker_id, keys)
+        self.loads_checked_at = 0.0  # LOAD_CHECK_S
 
+    # ---- a sequence just prefilled ------------------------------------------------------
 
-def _loads_now(worker: Worker) -> dict:
-    """Both classes' DeviceLoad: our own numbers live, the others' from their heartbeats."""
-    static = worker.heartbeat.static
-    me = {**static, **{k: str(v) for k, v in worker.load_fields().items()}}
-    others = [w for w in worker.peers() if w.get("id") != worker.opts.worker_id]
-    return device_loads(worker.r, [*others, me], worker.keys)
+    def place(self, job: Job) -> bool:
+        """Decide where `job`'s decode goes: False when it stays in this engine (marked
+        `in_process`), True when it was sent away (it has left the engine, its entry acked)."""
+        decision = self.decide(job)
+        if decision.device == self.opts.device_class and "decode" in self.opts.roles:
+            job.in_process = True
+            return False
+        self.send(job, decision.device, decision.rule)
+        return True
 
+    def decide(self, job: Job) -> Decision:
+        """Ask the dispatcher (and record its answer) for a sequence just prefilled here."""
+        generated = len(self.engine.output_ids(job.request_id))
+        remaining = (job.params.max_tokens or self.engine.max_model_len) - generated
+        loads = self.farm.loads()
+        # This sequence already holds one of our slots (it was just prefilled here): counted
+        # in our class's load, it would be counted twice as "one more stream", and a class
+        # exactly full with it would look over capacity and send it away. (A prefill-only
+        # worker's load is not in the decode classes' at all.)
+        own = loads.get(self.opts.device_class)
+        if own is not None and "decode" in self.opts.roles:
+            own.running = max(own.running - 1, 0)
+        decision = self.dispatcher.choose(loads["gpu"], loads["cpu"], remaining)
+        self._record(job.request_id, decision)
+        return decision
 
-def decide(worker: Worker, job: Job) -> Decision:
-    """Ask the dispatcher (and record its answer) for a sequence just prefilled here."""
-    generated = len(worker.engine.output_ids(job.request_id))
-    remaining = (job.params.max_tokens or worker.engine.max_model_len) - generated
-    loads = _loads_now(worker)
-    # This sequence already holds one of our slots (it was just prefilled here): counted in
-    # our class's load, it would be counted twice as "one more stream", and a class exactly
-    # full with it would look over capacity and send it away. (A prefill-only worker's load
-    # is not in the decode classes' at all.)
-    own = loads.get(worker.opts.device_class)
-    if own is not None and "decode" in worker.opts.roles:
-        own.running = max(own.running - 1, 0)
-    decision = worker.dispatcher.choose(loads["gpu"], loads["cpu"], remaining)
-    _record(worker, job.request_id, decision)
-    return decision
+    def send(self, job: Job, device_class: str, rule: str = "") -> None:
+        """Export the sequence's KV and queue its decode job on `device_class`'s stream."""
+        rid = job.request_id
+        engine = self.engine
+        output_ids = engine.output_ids(rid)
+        kv = None
+        try:
+            blob = engine.export_kv(rid)
+        except EngineError as exc:
+            # The sequence has left the engine either way (an export releases it): the decoder
+            # recomputes it from the tokens, so nothing is lost but the prefill's work.
+            log.warning("KV export of %s failed (%s); its decoder recomputes it", rid, exc)
+        else:
+            self.metrics.kv_exports.inc()
+            # A job queued on the full xPU may still be taken by a CPU worker (`take_queued`):
+            # its KV must be where both classes' decoders can read it.
+            readers = {device_class, "cpu"} if rule == "slo_queue" else {device_class}
+            store = self._store_for(readers)
+            kv = self.kv.put(blob, engine.describe_kv(blob), rid, store)
+        msg = job.msg
+        decode = DecodeJob(
+            request_id=rid,
+            prompt_ids=msg.prompt_ids,
+            output_ids=output_ids,
+            params=msg.params,
+            kv=kv,
+            model=msg.model,
+            created=msg.created,
+            deadline=msg.deadline,
+            priority=msg.priority,
+        )
+        # One MULTI: the decode job exists if and only if the prefill entry is acked.
+        self.streams.work.hand_over(job.entry, self.keys.decode_stream(device_class), decode.pack())
 
+    def _store_for(self, device_classes: set[str]) -> str:
+        if self.opts.kv_store != "auto":
+            return self.opts.kv_store
+        return "shm" if self.farm.decoder_hosts(device_classes) <= {self.farm.host} else "redis"
 
-def take_queued(worker: Worker) -> list[Entry]:
-    """A CPU decode worker with a free slot: one decode job queued on the full xPU's stream,
-    if the dispatcher's SLO rule lets the CPU take it (`Dispatcher.take_queued`), else none.
-    The job's KV was exported when it was queued, so it is imported here like any handoff."""
-    d = worker.dispatcher
-    if worker.stranded is None or worker.opts.device_class != "cpu" or d.slo_itl_s is None:
-        return []
-    if not _check_due(worker):
-        return []
-    loads = _loads_now(worker)
-    decision = d.take_queued(loads["gpu"], loads["cpu"])
-    if decision is None:
-        return []
-    entries = worker.stranded.read(1, None)
-    if entries:
-        _record(worker, entries[0].entry_id, decision)
-    return entries
+    # ---- filling a slot that would wait -------------------------------------------------
 
+    def take_queued(self) -> list[Entry]:
+        """A CPU decode worker with a free slot: one decode job queued on the full xPU's stream,
+        if the dispatcher's SLO rule lets the CPU take it (`Dispatcher.take_queued`), else none.
+        The job's KV was exported when it was queued, so it is imported here like any handoff."""
+        d, stranded = self.dispatcher, self.streams.stranded
+        if stranded is None or self.opts.device_class != "cpu" or d.slo_itl_s is None:
+            return []
+        if not self._check_due():
+            return []
+        loads = self.farm.loads()
+        decision = d.take_queued(loads["gpu"], loads["cpu"])
+        if decision is None:
+            return []
+        entries = stranded.read(1, None)
+        if entries:
+            self._record(entries[0].entry_id, decision)
+        return entries
 
-def prefill_ahead(worker: Worker) -> list[Entry]:
-    """An xPU worker whose decode slots are all busy: one waiting prompt into a handoff slot
-    (`WorkerOptions.handoff_slots`), if the dispatcher would send a decode to the CPU now;
-    its decode goes there right after the prefill step (`decide`). Without it a prompt waits
-    for one of the xPU's decode slots before it is prefilled at all, and the CPU's slots
-    empty meanwhile: on bench/hetero.py's saturated farm the CPU ran 6.5 of its 8 streams on
-    average and ended at 88% of its standalone tok/s. Checked at most every LOAD_CHECK_S."""
-    queue = worker.prefill_ahead
-    if queue is None or worker.slots_held() >= worker.engine.num_slots:
-        return []
-    if not _check_due(worker):
-        return []
-    loads = _loads_now(worker)
-    if not worker.dispatcher.offloads_next(loads["gpu"], loads["cpu"]):
-        return []
-    return queue.read(1, None)
+    def prefill_ahead(self, slots_held: int) -> list[Entry]:
+        """An xPU worker whose decode slots are all busy (`slots_held` of them and its
+        handoff slots): one waiting prompt into a handoff slot, if the dispatcher would send a
+        decode to the CPU now; its decode goes there right after the prefill step (`decide`).
+        Without it a prompt waits for one of the xPU's decode slots before it is prefilled at
+        all, and the CPU's slots empty meanwhile: on bench/hetero.py's saturated farm the CPU
+        ran 6.5 of its 8 streams on average and ended at 88% of its standalone tok/s.
+        Checked at most every LOAD_CHECK_S."""
+        if self.ahead is None or slots_held >= self.engine.num_slots:
+            return []
+        if not self._check_due():
+            return []
+        loads = self.farm.loads()
+        if not self.dispatcher.offloads_next(loads["gpu"], loads["cpu"]):
+            return []
+        return self.ahead.read(1, None)
 
+    def _check_due(self) -> bool:
+        """Whether LOAD_CHECK_S has passed since the last `take_queued` / `prefill_ahead`
+        check (a worker makes one of the two: a CPU decode worker the first, an xPU worker
+        the second)."""
+        now = time.monotonic()
+        if now - self.loads_checked_at < LOAD_CHECK_S:
+            return False
+        self.loads_checked_at = now
+        return True
 
-def send(worker: Worker, job: Job, device_class: str, rule: str = "") -> None:
-    """Export the sequence's KV and queue its decode job on `device_class`'s stream."""
-    rid = job.request_id
-    engine = worker.engine
-    output_ids = engine.output_ids(rid)
-    kv = None
-    try:
-        blob = engine.export_kv(rid)
-    except EngineError as exc:
-        # The sequence has left the engine either way (an export releases it): the decoder
-        # recomputes it from the tokens, so nothing is lost but the prefill's work.
-        log.warning("KV export of %s failed (%s); its decoder recomputes it", rid, exc)
-    else:
-        worker.metrics.kv_exports.inc()
-        # A job queued on the full xPU may still be taken by a CPU worker (`take_queued`):
-        # its KV must be where both classes' decoders can read it.
-        store = _store_for(worker, {device_class, "cpu"} if rule == "slo_queue" else {device_class})
-        kv = worker.kv.put(blob, engine.describe_kv(blob), rid, store)
-    msg = job.msg
-    decode = DecodeJob(
-        request_id=rid,
-        prompt_ids=msg.prompt_ids,
-        output_ids=output_ids,
-        params=msg.params,
-        kv=kv,
-        model=msg.model,
-        created=msg.created,
-        deadline=msg.deadline,
-        priority=msg.priority,
-    )
-    # One MULTI: the decode job exists if and only if the prefill entry is acked.
-    worker.queues.hand_over(job.entry, worker.keys.decode_stream(device_class), decode.pack())
-
-
-def _store_for(worker: Worker, device_classes: set[str]) -> str:
-    if worker.opts.kv_store != "auto":
-        return worker.opts.kv_store
-    hosts = {
-        w.get("host")
-        for w in worker.peers()
-        if w.get("device_class") in device_classes and "decode" in w.get("roles", "")
-    }
-    return "shm" if hosts <= {worker.heartbeat.static["host"]} else "redis"
-
-
-def _record(worker: Worker, what: str, decision: Decision) -> None:
-    record_dispatch(worker.r, decision.device, decision.reason, worker.keys, decision.rule)
-    labels = worker.metrics.labels
-    worker.metrics.dispatch.labels(**labels, device=decision.device, rule=decision.rule).inc()
-    log.debug("dispatch %s -> %s [%s] %s", what, decision.device, decision.rule, decision.reason)
+    def _record(self, what: str, decision: Decision) -> None:
+        record_dispatch(self.r, decision.device, decision.reason, self.keys, decision.rule)
+        labels = self.metrics.labels
+        self.metrics.dispatch.labels(**labels, device=decision.device, rule=decision.rule).inc()
+        log.debug(
+            "dispatch %s -> %s [%s] %s", what, decision.device, decision.rule, decision.reason
+        )

@@ -15,12 +15,17 @@ Claims, in the order a job can be lost:
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
-from syshax.broker.worker_io import decoder_classes
+from syshax.broker.kv_store import KVStore
+from syshax.broker.worker_io import Entry, Heartbeat, WorkQueues, decoder_classes
 
-if TYPE_CHECKING:
-    from .worker import Worker
+from .engine.outputs import EngineStats, TokenCadence
+from .engine.protocol import EngineProtocol
+from .farm_view import FarmView
+from .metrics import WorkerMetrics
+from .streams import Streams
+from .worker_options import WorkerOptions
 
 log = logging.getLogger(__name__)
 
@@ -31,75 +36,143 @@ log = logging.getLogger(__name__)
 LOAD_BEAT_S = 0.05
 
 
-def on_timers(worker: Worker, now: float) -> None:
-    timers, opts = worker.timers, worker.opts
-    due = now >= timers["heartbeat"]
-    if not due and worker.slots_held() != worker.beaten_slots:
-        due = now - timers["heartbeat"] + opts.heartbeat_s >= LOAD_BEAT_S
-    if due:
-        timers["heartbeat"] = now + opts.heartbeat_s
-        _beat(worker)
-    if now >= timers["claim"] and not worker.draining:
-        timers["claim"] = now + opts.claim_s
-        peers = worker.peers(force=True)
+def step_fields(stats: EngineStats, cadence: TokenCadence) -> dict[str, float]:
+    """The inter-token latency model and its tail in the heartbeat (ms; absent before the
+    first decode step): what the dispatcher predicts from (`DeviceLoad`). The gaps between
+    the worker's token events once it has a few, else the engine's step times."""
+    cadenced = len(cadence.gaps) >= 8
+    times = cadence.gaps if cadenced else stats.steps
+    model = times.model(TokenCadence.GROWTH_FLOOR if cadenced else 0.0)
+    if model is None:
+        return {}
+    return {
+        "step_base_ms": round(model[0] * 1e3, 3),
+        "step_row_ms": round(model[1] * 1e3, 4),
+        "step_tail": round(times.tail(model), 3),
+    }
+
+
+class KeptWorker(Protocol):
+    """The worker as its upkeep sees it (workers/worker.py's Worker): its load now, and where
+    a claimed job goes."""
+
+    draining: bool
+
+    def load_fields(self) -> dict[str, Any]: ...
+
+    def slots_held(self) -> int: ...
+
+    def free_slots(self) -> int: ...
+
+    def held_entries(self) -> set[str]: ...
+
+    def accept(self, entry: Entry) -> None: ...
+
+
+class Upkeep:
+    def __init__(
+        self,
+        worker: KeptWorker,
+        engine: EngineProtocol,
+        opts: WorkerOptions,
+        *,
+        streams: Streams,
+        heartbeat: Heartbeat,
+        kv: KVStore,
+        farm: FarmView,
+        metrics: WorkerMetrics,
+    ):
+        self.worker, self.engine, self.opts = worker, engine, opts
+        self.streams, self.heartbeat, self.kv = streams, heartbeat, kv
+        self.farm, self.metrics = farm, metrics
+        self.due = {"heartbeat": 0.0, "claim": 0.0, "sweep": 0.0}  # monotonic times
+        self.beaten_slots = 0  # slots_held() at the last heartbeat (LOAD_BEAT_S)
+        self.prompt_tokens_seen = 0  # the engine's count at the last beat: the counter's base
+
+    def start(self) -> None:
+        """Registered at once (before the first timer: peers and the dispatcher see this
+        worker before its first step), then the jobs left pending under its id taken back."""
+        self.heartbeat.beat(**self.worker.load_fields())
+        self.take_back_own()
+
+    def stop(self) -> None:
+        """Deregistered: nobody counts this worker's slots once it has drained."""
+        self.heartbeat.remove()
+
+    def on_timers(self, now: float) -> None:
+        """What is due at `now` (time.monotonic()): a heartbeat, a claim round, a KV sweep."""
+        due, opts, worker = self.due, self.opts, self.worker
+        beat = now >= due["heartbeat"]
+        if not beat and worker.slots_held() != self.beaten_slots:
+            beat = now - due["heartbeat"] + opts.heartbeat_s >= LOAD_BEAT_S
+        if beat:
+            due["heartbeat"] = now + opts.heartbeat_s
+            self.beat()
+        if now >= due["claim"] and not worker.draining:
+            due["claim"] = now + opts.claim_s
+            self.claim()
+        if now >= due["sweep"]:
+            due["sweep"] = now + opts.sweep_s
+            self.kv.sweep()
+
+    def beat(self) -> None:
+        """Heartbeat with the worker's load now, and the gauges that mirror it."""
+        fields = self.worker.load_fields()
+        self.heartbeat.beat(**fields)
+        self.beaten_slots = fields["running"] + fields["waiting"]
+        m, stats = self.metrics, self.engine.stats
+        m.running.set(fields["running"])
+        m.waiting.set(fields["waiting"])
+        m.capacity.set(fields["capacity"])
+        m.kv_usage.set(fields["kv_blocks_held"] / max(fields["kv_blocks"], 1))
+        m.decode_tps.set(fields["decode_tps"])
+        m.prompt_tokens.inc(stats.prompt_tokens - self.prompt_tokens_seen)
+        self.prompt_tokens_seen = stats.prompt_tokens
+
+    def claim(self) -> None:
+        """One claim round: dead workers' jobs, ours Redis lost, and stranded decode jobs."""
+        worker = self.worker
+        peers = self.farm.workers(force=True)
         live = {w["id"] for w in peers}
-        for entry in worker.idle_queues.claim_orphans(live, worker.free_slots()):
+        for entry in self.streams.idle.claim_orphans(live, worker.free_slots()):
             log.warning("claimed orphaned job %s from a dead worker", entry.entry_id)
             worker.accept(entry)
-        take_back_lost(worker)
-        rescue_stranded(worker, peers, live)
-    if now >= timers["sweep"]:
-        timers["sweep"] = now + opts.sweep_s
-        worker.kv.sweep()
+        self.take_back_lost()
+        self.rescue_stranded(peers, live)
 
+    def _own_queues(self) -> list[WorkQueues]:
+        """Every stream this worker may hold entries of under its own id."""
+        stranded = self.streams.stranded
+        return [self.streams.idle] + ([stranded] if stranded is not None else [])
 
-def _beat(worker: Worker) -> None:
-    fields = worker.load_fields()
-    worker.heartbeat.beat(**fields)
-    worker.beaten_slots = fields["running"] + fields["waiting"]
-    m, stats = worker.metrics, worker.engine.stats
-    m.running.set(fields["running"])
-    m.waiting.set(fields["waiting"])
-    m.capacity.set(fields["capacity"])
-    m.kv_usage.set(fields["kv_blocks_held"] / max(fields["kv_blocks"], 1))
-    m.decode_tps.set(fields["decode_tps"])
-    m.prompt_tokens.inc(stats.prompt_tokens - worker.prompt_tokens_seen)
-    worker.prompt_tokens_seen = stats.prompt_tokens
+    def take_back_own(self) -> None:
+        own = [entry for queue in self._own_queues() for entry in queue.own_pending()]
+        for entry in own:
+            log.warning("taking back job %s left pending under our id", entry.entry_id)
+            self.worker.accept(entry)  # decode jobs wait in the backlog for a free slot
 
+    def take_back_lost(self) -> None:
+        """Entries pending under our id that this process never received: Redis handed them to
+        a dead connection of ours (an earlier process with our id, or a connection the network
+        cut) after `take_back_own` ran. Nobody else claims them while we heartbeat."""
+        known = self.worker.held_entries()
+        for queue in self._own_queues():
+            for entry in queue.lost_own(known):
+                log.warning(
+                    "taking back job %s pending under our id but never received", entry.entry_id
+                )
+                self.worker.accept(entry)
 
-def take_back_own(worker: Worker) -> None:
-    own = worker.idle_queues.own_pending()
-    if worker.stranded is not None:
-        own += worker.stranded.own_pending()
-    for entry in own:
-        log.warning("taking back job %s left pending under our id", entry.entry_id)
-        worker.accept(entry)  # decode jobs wait in the backlog for a free slot
-
-
-def take_back_lost(worker: Worker) -> None:
-    """Entries pending under our id that this process never received: Redis handed them to a
-    dead connection of ours (an earlier process with our id, or a connection the network cut)
-    after `take_back_own` ran. Nobody else claims them while we heartbeat."""
-    known = {job.entry.entry_id for job in worker.jobs.values()}
-    queues = [worker.idle_queues] + ([worker.stranded] if worker.stranded is not None else [])
-    for queue in queues:
-        for entry in queue.lost_own(known):
+    def rescue_stranded(self, peers: list[dict], live: set[str]) -> None:
+        worker, queue = self.worker, self.streams.stranded
+        if queue is None or worker.draining or self.streams.other_class in decoder_classes(peers):
+            return
+        entries = queue.claim_orphans(live, worker.free_slots())
+        entries += queue.read(worker.free_slots() - len(entries), None)
+        for entry in entries:
             log.warning(
-                "taking back job %s pending under our id but never received", entry.entry_id
+                "taking decode job %s stranded on %s (no live decoder there)",
+                entry.entry_id,
+                queue.streams[0],
             )
             worker.accept(entry)
-
-
-def rescue_stranded(worker: Worker, peers: list[dict], live: set[str]) -> None:
-    queue = worker.stranded
-    if queue is None or worker.draining or worker.other_class in decoder_classes(peers):
-        return
-    entries = queue.claim_orphans(live, worker.free_slots())
-    entries += queue.read(worker.free_slots() - len(entries), None)
-    for entry in entries:
-        log.warning(
-            "taking decode job %s stranded on %s (no live decoder there)",
-            entry.entry_id,
-            queue.streams[0],
-        )
-        worker.accept(entry)

@@ -1,13 +1,17 @@
 """A worker process: one engine, one device, one or more roles (prefill, decode).
 
 The loop (vLLM v1's busy loop with Redis around it, never inside the model):
-    cancels -> take work (bounded by free slots) -> one engine step for the whole batch
-    -> publish the step's tokens in one pipeline -> hand off sequences just prefilled
-    -> heartbeat / claim orphaned jobs / sweep expired KV leases (on timers, upkeep.py).
+    schedule: cancels -> take work (bounded by free slots) -> start waiting decodes
+    execute:  one engine step for the whole batch
+    update:   publish the step's tokens in one pipeline -> end finished requests
+              -> hand off sequences just prefilled (`Handoff`, handoff.py)
+    then heartbeat / claim orphaned jobs / sweep expired KV leases (`Upkeep`, upkeep.py).
 
-A prefill publishes the first token itself, then asks the dispatcher where to decode. If
-the answer is this worker's own device class and it decodes too, the sequence simply stays
-in the engine; otherwise its KV is exported to the KV store and a decode job is queued.
+The Worker owns its jobs and the engine's slots; its collaborators own their state and get
+only what they need. A prefill publishes the first token itself, then the handoff asks the
+dispatcher where to decode: if the answer is this worker's own device class and it decodes
+too, the sequence simply stays in the engine; else its KV goes to the KV store and a decode
+job is queued.
 A job's stream entry is acked only when the request is done with this worker, so a worker
 that dies leaves it pending for another to claim and resume from the delivered tokens.
 """
@@ -21,7 +25,7 @@ from collections import deque
 
 import redis
 from syshax.broker.dispatcher import Dispatcher
-from syshax.broker.keys import DEVICE_CLASSES, KEYS, Keys
+from syshax.broker.keys import KEYS, Keys
 from syshax.broker.kv_store import KVStore, KVStoreError
 from syshax.broker.schemas import (
     DecodeJob,
@@ -30,21 +34,17 @@ from syshax.broker.schemas import (
     TokenEvent,
     check_types,
 )
-from syshax.broker.worker_io import (
-    CancelWatcher,
-    Entry,
-    Heartbeat,
-    TokenPublisher,
-    WorkQueues,
-    live_workers,
-)
+from syshax.broker.worker_io import CancelWatcher, Entry, Heartbeat, TokenPublisher
 from syshax.shared.sampling import SamplingError, SamplingParams
 
-from . import handoff, upkeep
 from .engine.errors import KVIdentityError
-from .engine.outputs import EngineStats, TokenCadence
+from .engine.outputs import StepOutput, TokenCadence
 from .engine.protocol import EngineProtocol
+from .farm_view import FarmView
+from .handoff import Handoff
 from .metrics import WorkerMetrics
+from .streams import Streams
+from .upkeep import Upkeep, step_fields
 from .worker_options import Job, WorkerOptions
 
 log = logging.getLogger(__name__)
@@ -52,22 +52,6 @@ log = logging.getLogger(__name__)
 # longer than this anyway; it only keeps a very fast engine (the echo stand-in, a big GPU)
 # from spending a Redis round trip per step on polling.
 POLL_INTERVAL_S = 0.005
-
-
-def _step_fields(stats: EngineStats, cadence: TokenCadence) -> dict[str, float]:
-    """The inter-token latency model and its tail in the heartbeat (ms; absent before the
-    first decode step): what the dispatcher predicts from (`DeviceLoad`). The gaps between
-    the worker's token events once it has a few, else the engine's step times."""
-    cadenced = len(cadence.gaps) >= 8
-    times = cadence.gaps if cadenced else stats.steps
-    model = times.model(TokenCadence.GROWTH_FLOOR if cadenced else 0.0)
-    if model is None:
-        return {}
-    return {
-        "step_base_ms": round(model[0] * 1e3, 3),
-        "step_row_ms": round(model[1] * 1e3, 4),
-        "step_tail": round(times.tail(model), 3),
-    }
 
 
 class Worker:
@@ -83,37 +67,7 @@ class Worker:
         self.engine, self.r, self.opts, self.keys = engine, r, opts, keys
         self.metrics = metrics or WorkerMetrics(opts.worker_id, opts.device_class)
         self.dispatcher = dispatcher
-        streams = []
-        if "decode" in opts.roles:
-            streams.append(keys.decode_stream(opts.device_class))
-        if "prefill" in opts.roles:
-            streams.append(keys.prefill_stream)
-        self.queues = WorkQueues(r, streams, opts.worker_id, keys)
-        self.queues.ensure_groups()
-        # Batch traffic has its own stream, read only when the interactive ones gave nothing.
-        self.batch_queue = None
-        self.idle_queues = self.queues  # every stream it serves: idle waits, claims
-        if "prefill" in opts.roles:
-            self.batch_queue = WorkQueues(r, [keys.prefill_batch_stream], opts.worker_id, keys)
-            self.batch_queue.ensure_groups()
-            self.idle_queues = WorkQueues(
-                r, [*streams, keys.prefill_batch_stream], opts.worker_id, keys
-            )
-        # The other class's decode stream, read only while that class has no live decoder: a
-        # job handed off while its class's decoders looked dead (a late heartbeat, all of them
-        # killed) would otherwise wait there for nobody (upkeep.rescue_stranded).
-        self.stranded: WorkQueues | None = None
-        self.other_class = next(c for c in DEVICE_CLASSES if c != opts.device_class)
-        if "decode" in opts.roles:
-            self.stranded = WorkQueues(
-                r, [keys.decode_stream(self.other_class)], opts.worker_id, keys
-            )
-            self.stranded.ensure_groups()
-        # The prompts alone, read into a handoff slot while the decode slots are full.
-        self.prefill_ahead: WorkQueues | None = None
-        if opts.handoff_slots > 0 and {"prefill", "decode"} <= opts.roles:
-            self.prefill_ahead = WorkQueues(r, [keys.prefill_stream], opts.worker_id, keys)
-        self.loads_checked_at = 0.0  # handoff.LOAD_CHECK_S
+        self.streams = Streams.open(r, opts, keys)
         self.publisher = TokenPublisher(r, keys, opts.output_ttl)
         self.cancels = CancelWatcher(r, keys)
         self.heartbeat = Heartbeat(r, opts.worker_id, keys, ttl=opts.heartbeat_ttl)
@@ -121,24 +75,40 @@ class Worker:
         self.jobs: dict[str, Job] = {}
         self.backlog: deque[Job] = deque()  # decode jobs waiting for a free slot
         self.draining = False
-        self.prompt_tokens_seen = 0
         self._last_poll = 0.0
         self.cadence = TokenCadence()
-        self.beaten_slots = 0  # slots_held() at the last heartbeat (upkeep.LOAD_BEAT_S)
-        self.timers = {"heartbeat": 0.0, "claim": 0.0, "sweep": 0.0}
-        self._workers_cache: tuple[float, list[dict]] = (0.0, [])
+        # The collaborators: each given exactly what it needs, none given the Worker whole
+        # (the upkeep sees it through `upkeep.KeptWorker`).
+        self.farm = FarmView(r, keys, self.heartbeat, self.load_fields)
+        streams, kv, farm, m, hb = self.streams, self.kv, self.farm, self.metrics, self.heartbeat
+        self.handoff = Handoff(
+            engine, opts, dispatcher, r=r, keys=keys, streams=streams, kv=kv, farm=farm, metrics=m
+        )
+        self.upkeep = Upkeep(
+            self, engine, opts, streams=streams, heartbeat=hb, kv=kv, farm=farm, metrics=m
+        )
 
     # ---- the loop -----------------------------------------------------------------------
 
     def serve(self, stop: threading.Event, drain_timeout: float = 30.0) -> None:
-        self.heartbeat.beat(**self.load_fields())
-        upkeep.take_back_own(self)
+        self.upkeep.start()
         while not stop.is_set():
             self.iterate()
         self.drain(drain_timeout)
 
     def iterate(self) -> None:
+        """One turn: schedule -> execute + update (one engine step) -> the upkeep's timers."""
         self.metrics.last_turn = time.monotonic()
+        self._schedule()
+        if self.engine.has_unfinished():
+            self._step()
+        else:
+            self.cadence.idle()
+        self.upkeep.on_timers(time.monotonic())
+
+    def _schedule(self) -> None:
+        """Cancels first (their slots free up), then new work into the free slots, decodes
+        from the backlog into the engine, and requests past their deadline dropped."""
         self._cancel(self.cancels.poll())
         idle = not self.engine.has_unfinished() and not self.backlog
         if not self.draining:
@@ -146,11 +116,6 @@ class Worker:
                 self.accept(entry)
         self._start_backlog()
         self._expire()
-        if self.engine.has_unfinished():
-            self._step()
-        else:
-            self.cadence.idle()
-        upkeep.on_timers(self, time.monotonic())
 
     def _take(self, free: int, idle: bool) -> list[Entry]:
         """Interactive work first; batch work only with slots to spare; block only when idle."""
@@ -158,17 +123,18 @@ class Worker:
         if not idle and now - self._last_poll < POLL_INTERVAL_S:
             return []
         self._last_poll = now
-        entries = self.queues.read(free, None)
-        if self.batch_queue is not None and free - len(entries) > 0 and not entries:
-            entries = self.batch_queue.read(free, None)
+        streams = self.streams
+        entries = streams.work.read(free, None)
+        if streams.batch is not None and free - len(entries) > 0 and not entries:
+            entries = streams.batch.read(free, None)
         if not entries and free > 0:
-            entries = handoff.take_queued(self)  # a CPU slot for a job waiting on the xPU
-        if not entries and free <= 0:
-            entries = handoff.prefill_ahead(self)  # a prompt for a CPU slot, via the xPU
+            entries = self.handoff.take_queued()  # a CPU slot for a job waiting on the xPU
+        if not entries and free <= 0:  # a prompt for a CPU slot, via the xPU
+            entries = self.handoff.prefill_ahead(self.slots_held())
         if not entries and idle:
             # Nothing anywhere: block on every stream. Both were just seen empty, so whatever
             # arrives first is served first; priority only matters while work waits.
-            entries = self.idle_queues.read(free, self.opts.block_ms)
+            entries = streams.idle.read(free, self.opts.block_ms)
         return entries
 
     @property
@@ -196,23 +162,20 @@ class Worker:
             "kv_blocks_held": e.kv_blocks[1] - e.kv_blocks[0],
             "kv_blocks": e.kv_blocks[1],
             "decode_tps": round(e.stats.recent_decode_tps, 2),
-            **_step_fields(e.stats, self.cadence),
+            **step_fields(e.stats, self.cadence),
             "model": self.opts.served_model,
             "draining": int(self.draining),
         }
 
-    def peers(self, force: bool = False) -> list[dict]:
-        at, cached = self._workers_cache
-        if force or time.monotonic() - at > 0.25:
-            cached = live_workers(self.r, self.keys)
-            self._workers_cache = (time.monotonic(), cached)
-        return cached
+    def held_entries(self) -> set[str]:
+        """The stream entries of the jobs this process holds."""
+        return {job.entry.entry_id for job in self.jobs.values()}
 
     # ---- taking work --------------------------------------------------------------------
 
     def accept(self, entry: Entry) -> None:
         if entry.data is None:
-            self.queues.ack(entry)
+            self.streams.work.ack(entry)
             return
         is_prefill = entry.stream in (self.keys.prefill_stream, self.keys.prefill_batch_stream)
         try:
@@ -223,13 +186,13 @@ class Worker:
             check_types(params)  # a float seed or str stop id would fail a whole engine step
             kv = None if is_prefill else msg.kv  # a KVHandle, checked with the job
         except (SchemaError, SamplingError, TypeError) as exc:
-            self.queues.dead_letter(entry, f"undecodable job: {exc}")
+            self.streams.work.dead_letter(entry, f"undecodable job: {exc}")
             return
         rid = msg.request_id
         if self.cancels.is_cancelled(rid) or (msg.deadline and time.time() > msg.deadline):
             if kv:
                 self.kv.free(kv.handle_id)
-            self.queues.ack(entry)
+            self.streams.work.ack(entry)
             return
         job = Job(entry, "prefill" if is_prefill else "decode", msg, params)
         if not is_prefill:
@@ -239,11 +202,11 @@ class Worker:
             if delivered and (delivered[-1].finish_reason or delivered[-1].error):
                 if kv:
                     self.kv.free(kv.handle_id)
-                self.queues.ack(entry)  # finished before its worker died: nothing to do
+                self.streams.work.ack(entry)  # finished before its worker died: nothing to do
                 return
             job.output_ids = [ev.token_id for ev in delivered]
         if rid in self.jobs:  # a duplicate delivery of a request already running here
-            self.queues.ack(entry)
+            self.streams.work.ack(entry)
             return
         served = self.opts.served_model
         # A job of another model would be answered by this one's weights: refused, never run.
@@ -301,26 +264,49 @@ class Worker:
             self._fail(job, str(exc), "server_error", dead_letter=True)
         except Exception as exc:  # noqa: BLE001 - any refusal must reach the client
             log.warning("request %s refused: %s", job.request_id, exc)
-            self._fail(
-                job,
-                str(exc),
-                "invalid_request_error" if isinstance(exc, ValueError) else "server_error",
-            )
+            kind = "invalid_request_error" if isinstance(exc, ValueError) else "server_error"
+            self._fail(job, str(exc), kind)
 
     # ---- stepping -----------------------------------------------------------------------
 
     def _step(self) -> None:
+        """Execute one engine step, then update: publish, end, hand off."""
         stats = self.engine.stats
         decode_steps = stats.decode_steps
+        outs = self._execute()
+        if outs is None:
+            return
+        # The rows the step decoded (None: it decoded nothing): the cadence's model input.
+        rows = stats.steps.samples[-1][0] if stats.decode_steps > decode_steps else None
+        self._update(outs, rows)
+
+    def _execute(self) -> list[StepOutput] | None:
+        """One engine step for the whole batch; None if the engine failed (its requests
+        failed with it)."""
         try:
-            outs = self.engine.step()
+            return self.engine.step()
         except Exception as exc:  # noqa: BLE001 - the worker must survive an engine failure
             log.exception("engine step failed; failing its requests")
             for job in list(self.jobs.values()):
                 self._fail(job, f"engine error: {exc}", "server_error")
-            return
-        dev = self.opts.device
-        wid = self.opts.worker_id
+            return None
+
+    def _update(self, outs: list[StepOutput], rows: int | None) -> None:
+        """The step's tokens out first (the first token goes out before any KV handoff), then
+        finished requests ended and sequences just prefilled placed."""
+        self._publish(outs, rows)
+        for o in outs:
+            job = self.jobs.get(o.request_id)
+            if job is None:
+                continue
+            if o.finished:
+                self._done(job)
+            elif job.kind == "prefill" and not job.in_process and self.handoff.place(job):
+                self.jobs.pop(job.request_id, None)  # its decode went elsewhere
+
+    def _publish(self, outs: list[StepOutput], rows: int | None) -> None:
+        """The step's tokens in one pipeline, timed for the heartbeat's cadence model."""
+        dev, wid = self.opts.device, self.opts.worker_id
         events = []
         for o in outs:
             job = self.jobs.get(o.request_id)
@@ -339,32 +325,15 @@ class Worker:
                     device=dev,
                 )
             )
-        self.publisher.publish(events)  # the first token goes out before any KV handoff
-        rows = stats.steps.samples[-1][0] if stats.decode_steps > decode_steps else None
+        self.publisher.publish(events)
         self.cadence.published(rows, time.monotonic())
         self.metrics.generation_tokens.inc(len(outs))
-        for o in outs:
-            job = self.jobs.get(o.request_id)
-            if job is None:
-                continue
-            if o.finished:
-                self._done(job)
-            elif job.kind == "prefill" and not job.in_process:
-                self._handoff(job)
-
-    def _handoff(self, job: Job) -> None:
-        decision = handoff.decide(self, job)
-        if decision.device == self.opts.device_class and "decode" in self.opts.roles:
-            job.in_process = True
-            return
-        handoff.send(self, job, decision.device, decision.rule)
-        self.jobs.pop(job.request_id, None)
 
     # ---- endings ------------------------------------------------------------------------
 
     def _done(self, job: Job) -> None:
         self.jobs.pop(job.request_id, None)
-        self.queues.ack(job.entry)
+        self.streams.work.ack(job.entry)
 
     def _fail(self, job: Job, message: str, kind: str, dead_letter: bool = False) -> None:
         """End a request with an error event; `dead_letter`: its job is moved to the dead
@@ -372,11 +341,8 @@ class Worker:
         rid = job.request_id
         self.engine.abort(rid)
         seq = len(job.output_ids)
-        err = {
-            "message": message,
-            "type": kind,
-            "code": 400 if kind == "invalid_request_error" else 500,
-        }
+        code = 400 if kind == "invalid_request_error" else 500
+        err = {"message": message, "type": kind, "code": code}
         self.publisher.publish(
             [TokenEvent(request_id=rid, seq=seq, error=err, worker=self.opts.worker_id)]
         )
@@ -385,7 +351,7 @@ class Worker:
             self._free_lease(job)
         if dead_letter:
             self.jobs.pop(rid, None)
-            self.queues.dead_letter(job.entry, message)  # acks it too
+            self.streams.work.dead_letter(job.entry, message)  # acks it too
         else:
             self._done(job)
 
@@ -420,7 +386,7 @@ class Worker:
         for job in list(self.jobs.values()):
             # Requeue unchanged: whoever takes it resumes from the delivered tokens.
             self.engine.abort(job.request_id)
-            self.queues.requeue(job.entry)
+            self.streams.work.requeue(job.entry)
             self.jobs.pop(job.request_id, None)
-        self.heartbeat.remove()
+        self.upkeep.stop()
         self.cancels.close()

@@ -40,7 +40,7 @@ class WorkerOptions:
     heartbeat_ttl: float = HEARTBEAT_TTL  # silent this long = dead: others claim our jobs
     # Engine slots beyond the decode slots (an xPU worker with the prefill role, in a farm
     # that offloads decode): a prompt prefilled there while every decode slot is busy, for
-    # the CPU to decode (handoff.prefill_ahead). The engine has this many more sequences.
+    # the CPU to decode (Handoff.prefill_ahead). The engine has this many more sequences.
     handoff_slots: int = 0
     claim_s: float = 2.0
     sweep_s: float = 5.0

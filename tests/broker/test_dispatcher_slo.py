@@ -4,7 +4,7 @@ CPU only while its predicted latency with one more stream stays within it, the r
 import pytest
 from syshax.broker.dispatcher import CPU, GPU, RULES, DeviceLoad, Dispatcher
 from syshax.workers.engine.outputs import EngineStats, TokenCadence
-from syshax.workers.worker import _step_fields
+from syshax.workers.upkeep import step_fields
 
 # A CPU worker stepping n streams in 20 + 10 n ms; an xPU in 15 + 0.2 n ms.
 CPU_STEPS = (0.020, 0.010)
@@ -153,10 +153,10 @@ def test_the_heartbeat_predicts_from_the_cadence_once_it_has_eight_gaps():
     stats, cadence = EngineStats(), TokenCadence()
     for _ in range(10):
         stats.record(0, 4, 0.020)
-    assert _step_fields(stats, cadence)["step_base_ms"] == pytest.approx(10.0)
+    assert step_fields(stats, cadence)["step_base_ms"] == pytest.approx(10.0)
     for i in range(9):
         cadence.published(4, i * 0.030)
-    fields = _step_fields(stats, cadence)
+    fields = step_fields(stats, cadence)
     assert fields["step_base_ms"] + 4 * fields["step_row_ms"] == pytest.approx(30.0)
     assert fields["step_tail"] == pytest.approx(1.0)
 

@@ -1,4 +1,4 @@
-"""`handoff.decide`: the load a worker gives the dispatcher for a sequence it just prefilled."""
+"""`Handoff.decide`: the load a worker gives the dispatcher for a sequence it just prefilled."""
 
 from __future__ import annotations
 
@@ -9,24 +9,32 @@ import prometheus_client
 from syshax.broker.dispatcher import CPU, GPU, Dispatcher
 from syshax.broker.keys import KEYS
 from syshax.shared.sampling import SamplingParams
-from syshax.workers import handoff
+from syshax.workers.farm_view import FarmView
+from syshax.workers.handoff import Handoff
 
 
-def _worker(running: int, capacity: int, roles: set[str], dispatcher: Dispatcher, peers):
+def _handoff(running: int, capacity: int, roles: set[str], dispatcher: Dispatcher, peers):
+    """The handoff of an xPU worker with `running` of its `capacity` slots held, which sees
+    `peers` as the farm's other live workers."""
     counter = prometheus_client.Counter("d", "d", ["device", "rule"], registry=None)
     me = {
         "roles": ",".join(sorted(roles)), "device_class": "gpu", "capacity": capacity,
         "running": running, "waiting": 0, "step_base_ms": 2.0, "step_row_ms": 0.1,
     }  # fmt: skip
-    return SimpleNamespace(
-        r=fakeredis.FakeRedis(),
+    r = fakeredis.FakeRedis()
+    farm = FarmView(r, KEYS, SimpleNamespace(static={"id": "xpu", "host": "h"}), lambda: me)
+    farm.workers = lambda force=False: peers
+    return Handoff(
+        SimpleNamespace(output_ids=lambda rid: [7], max_model_len=512),
+        SimpleNamespace(
+            worker_id="xpu", device_class="gpu", roles=frozenset(roles), handoff_slots=0
+        ),
+        dispatcher,
+        r=r,
         keys=KEYS,
-        dispatcher=dispatcher,
-        engine=SimpleNamespace(output_ids=lambda rid: [7], max_model_len=512),
-        heartbeat=SimpleNamespace(static={"id": "xpu", "host": "h"}),
-        load_fields=lambda: me,
-        peers=lambda: peers,
-        opts=SimpleNamespace(worker_id="xpu", device_class="gpu", roles=frozenset(roles)),
+        streams=SimpleNamespace(),
+        kv=SimpleNamespace(),
+        farm=farm,
         metrics=SimpleNamespace(labels={}, dispatch=counter),
     )
 
@@ -38,27 +46,27 @@ JOB = SimpleNamespace(request_id="r1", params=SamplingParams(max_tokens=32))
 def test_a_sequence_that_fills_its_own_worker_exactly_stays_there():
     """The sequence just prefilled already holds one of the xPU's 4 slots (running 4 counts
     it): keeping it needs no fifth slot, so the xPU is not "full" for it."""
-    worker = _worker(4, 4, {"prefill", "decode"}, Dispatcher(slo_itl_s=0.050), [CPU_PEER])
-    decision = handoff.decide(worker, JOB)
+    handoff = _handoff(4, 4, {"prefill", "decode"}, Dispatcher(slo_itl_s=0.050), [CPU_PEER])
+    decision = handoff.decide(JOB)
     assert decision.device == GPU and decision.rule == "slo", decision
 
 
 def test_one_more_than_the_slots_still_goes_elsewhere():
-    worker = _worker(5, 4, {"prefill", "decode"}, Dispatcher(slo_itl_s=0.050), [CPU_PEER])
-    assert handoff.decide(worker, JOB).device == CPU
+    handoff = _handoff(5, 4, {"prefill", "decode"}, Dispatcher(slo_itl_s=0.050), [CPU_PEER])
+    assert handoff.decide(JOB).device == CPU
 
 
 def test_a_prefill_only_worker_does_not_discount_a_class_it_is_not_in():
     gpu_decoder = {"id": "g2", "roles": "decode", "device_class": "gpu", "capacity": "4", "running": "4", "waiting": "0", "step_base_ms": "2", "step_row_ms": "0.1"}  # fmt: skip
-    worker = _worker(1, 4, {"prefill"}, Dispatcher(slo_itl_s=0.050), [CPU_PEER, gpu_decoder])
-    assert handoff.decide(worker, JOB).device == CPU  # the gpu decoder is full: 4 of 4
+    handoff = _handoff(1, 4, {"prefill"}, Dispatcher(slo_itl_s=0.050), [CPU_PEER, gpu_decoder])
+    assert handoff.decide(JOB).device == CPU  # the gpu decoder is full: 4 of 4
 
 
 def test_a_full_worker_with_prompts_waiting_hands_the_sequence_off():
     """Keeping the sequence would fill the xPU while prompts wait for its slots: the CPU takes
     it (within the SLO), so the xPU can take the next prompt."""
-    worker = _worker(4, 4, {"prefill", "decode"}, Dispatcher(slo_itl_s=0.050), [CPU_PEER])
-    worker.r.xgroup_create(KEYS.prefill_stream, KEYS.prefill_group, id="0", mkstream=True)
-    worker.r.xadd(KEYS.prefill_stream, {"n": 1})
-    decision = handoff.decide(worker, JOB)
+    handoff = _handoff(4, 4, {"prefill", "decode"}, Dispatcher(slo_itl_s=0.050), [CPU_PEER])
+    handoff.r.xgroup_create(KEYS.prefill_stream, KEYS.prefill_group, id="0", mkstream=True)
+    handoff.r.xadd(KEYS.prefill_stream, {"n": 1})
+    decision = handoff.decide(JOB)
     assert decision.device == CPU and decision.rule == "slo", decision

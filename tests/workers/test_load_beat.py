@@ -25,15 +25,15 @@ def test_a_change_in_held_slots_is_beaten_within_load_beat_s(redis_url):
     opts = WorkerOptions(worker_id="cpu0", roles=frozenset({"decode"}), device_class="cpu", heartbeat_s=10.0)  # fmt: skip
     w = Worker(EchoEngine(max_num_seqs=4), redis.Redis.from_url(redis_url), opts, Dispatcher())
     t = 1000.0
-    upkeep.on_timers(w, t)  # the first beat is due at once
+    w.upkeep.on_timers(t)  # the first beat is due at once
     assert _held(r) == 0
     w.engine.add_request("a", [5, 6, 7], SamplingParams(max_tokens=4))
-    upkeep.on_timers(w, t + upkeep.LOAD_BEAT_S / 2)
+    w.upkeep.on_timers(t + upkeep.LOAD_BEAT_S / 2)
     assert _held(r) == 0, "rate-limited: not twice within LOAD_BEAT_S"
-    upkeep.on_timers(w, t + 1.2 * upkeep.LOAD_BEAT_S)
+    w.upkeep.on_timers(t + 1.2 * upkeep.LOAD_BEAT_S)
     assert _held(r) == 1, "a new stream is in the heartbeat long before the next regular beat"
     r.delete(KEYS.worker("cpu0"))
-    upkeep.on_timers(w, t + 2.0)
+    w.upkeep.on_timers(t + 2.0)
     assert _held(r) is None, "nothing changed: no beat before heartbeat_s"
-    upkeep.on_timers(w, t + 1.2 * upkeep.LOAD_BEAT_S + opts.heartbeat_s)
+    w.upkeep.on_timers(t + 1.2 * upkeep.LOAD_BEAT_S + opts.heartbeat_s)
     assert _held(r) == 1, "the regular beat"

@@ -1,5 +1,5 @@
 """An xPU worker whose decode slots are all busy prefills a waiting prompt in its handoff slot
-when the dispatcher would send a decode to the CPU now (`handoff.prefill_ahead`): the CPU's
+when the dispatcher would send a decode to the CPU now (`Handoff.prefill_ahead`): the CPU's
 free slots are filled without waiting for an xPU decode slot (which, saturated, they used to:
 bench/hetero.py's CPU emptied to 0 of 8 streams with 18-25 prompts waiting on the xPU)."""
 
@@ -31,7 +31,7 @@ def _prompt(r: redis.Redis, rid: str, tokens: int = 50) -> None:
 
 def _take(w: Worker) -> list:
     """The worker's next read, past its rate limits (the 5 ms poll, handoff.LOAD_CHECK_S)."""
-    w._last_poll = w.loads_checked_at = 0.0
+    w._last_poll = w.handoff.loads_checked_at = 0.0
     return w._take(w.free_slots(), idle=False)
 
 
@@ -52,7 +52,7 @@ def xpu(redis_url):
 
 def test_a_full_xpu_prefills_a_prompt_for_a_cpu_with_room(xpu):
     _cpu_heartbeat(xpu.r, running=0)
-    xpu.peers(force=True)
+    xpu.farm.workers(force=True)
     _prompt(xpu.r, "c")
     taken = _take(xpu)
     assert [e.stream for e in taken] == [KEYS.prefill_stream]
@@ -68,12 +68,12 @@ def test_a_full_xpu_prefills_a_prompt_for_a_cpu_with_room(xpu):
 
 def test_no_prompt_is_taken_while_the_cpu_is_full_or_twice_in_a_handoff_slot(xpu):
     _cpu_heartbeat(xpu.r, running=4)  # the CPU is full: the prompt waits for a slot
-    xpu.peers(force=True)
+    xpu.farm.workers(force=True)
     _prompt(xpu.r, "d")
     _prompt(xpu.r, "e")
     assert _take(xpu) == []
     _cpu_heartbeat(xpu.r, running=0)
-    xpu.peers(force=True)
+    xpu.farm.workers(force=True)
     (entry,) = _take(xpu)
     xpu.accept(entry)
     assert _take(xpu) == [], "one handoff slot, one prompt"
