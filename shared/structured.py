@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import json
+import weakref
 from typing import Any
 
 KINDS = ("json_schema", "json_object", "regex", "choice", "grammar", "lark")
@@ -58,20 +59,24 @@ def grammar(spec: dict[str, Any]) -> str:
     raise StructuredError(f"unknown constraint kind {kind!r} (one of {', '.join(KINDS)})")
 
 
-@functools.lru_cache(maxsize=8)
-def _ll_tokenizer(tokenizer_json: str, vocab_size: int, eos: tuple[int, ...]) -> Any:
-    import llguidance
-
-    return llguidance.LLTokenizer(tokenizer_json, n_vocab=vocab_size, eos_token=list(eos))
+_LL_TOKENIZERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def ll_tokenizer(tokenizer: Any, vocab_size: int | None = None) -> Any:
-    """llguidance's view of a `shared.tokenizer.Tokenizer` (built once per tokenizer: about a
-    second for a 49k vocabulary). `vocab_size`: the model's logits width when it exceeds the
-    tokenizer's (padded LM heads)."""
-    eos = tuple(tokenizer.eos_token_ids) or (0,)
+    """llguidance's view of a `shared.tokenizer.Tokenizer`, built once per tokenizer object
+    (about a second for a 49k vocabulary; later calls are a dictionary lookup: this runs on the
+    engine's step for every new constrained sequence). `vocab_size`: the model's logits width
+    when it exceeds the tokenizer's (padded LM heads)."""
+    import llguidance
+
     size = max(vocab_size or 0, tokenizer.vocab_size)
-    return _ll_tokenizer(tokenizer.backend.to_str(), size, eos)
+    per_size = _LL_TOKENIZERS.setdefault(tokenizer, {})
+    if size not in per_size:
+        eos = list(tokenizer.eos_token_ids) or [0]
+        per_size[size] = llguidance.LLTokenizer(
+            tokenizer.backend.to_str(), n_vocab=size, eos_token=eos
+        )
+    return per_size[size]
 
 
 @functools.lru_cache(maxsize=256)
