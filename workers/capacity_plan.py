@@ -174,6 +174,30 @@ def best(predictions: Iterable[Prediction]) -> Prediction:
     return min(close, key=lambda p: (p.layout.workers if p.layout else 0, p.cpu_streams))
 
 
+def _label(p: Prediction) -> str:
+    return f"{p.layout.workers} x {p.layout.threads}" if p.layout else "the xPU alone"
+
+
+def why_best(predictions: Iterable[Prediction], chosen: Prediction) -> str:
+    """Why `best` chose `chosen`, in words: the highest total, or the rule that passed over
+    the highest (a tie within TIE goes to fewer workers)."""
+    preds = list(predictions)
+    top = max(preds, key=lambda p: p.total_tps)
+    if top.total_tps > chosen.total_tps:
+        more = top.total_tps / chosen.total_tps - 1 if chosen.total_tps else float("inf")
+        return (
+            f"{_label(top)} has the highest total ({top.total_tps:.1f} tok/s, {more:+.1%}), "
+            f"but totals within {TIE:.0%} of it count as equal (the probe's noise) and among "
+            "those the fewest CPU workers win (fewer processes, less memory)"
+        )
+    if chosen.layout is not None:
+        return "the highest total tok/s"
+    cpu = [p for p in preds if p.layout is not None]
+    if cpu and not any(p.cpu_streams for p in cpu):
+        return "no CPU layout keeps the SLO with even one stream"
+    return "no CPU layout adds tokens/s (the prefills of CPU streams cost the xPU more)"
+
+
 def layouts_for(cores: int) -> list[tuple[int, int]]:
     """(workers, threads) that use `cores` evenly: 1 x cores, 2 x cores/2, ... 1 thread each."""
     out = []

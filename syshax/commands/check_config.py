@@ -31,7 +31,8 @@ def run(args: argparse.Namespace) -> int:
     if exists:
         print(f"config: {path}")
     else:
-        print(f"config: no file at {path}; using the built-in defaults (`syshax init` writes it)")
+        # Nothing was read: say so first, and the path only as where `syshax init` would write.
+        print(f"config: no config file; using the built-in defaults (`syshax init` writes one at {path})")  # fmt: skip
     try:
         print(f"model: {cfg.model} -> {cfg.model_path()} (served as {cfg.model_id})")
     except FileNotFoundError:
@@ -58,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
         for problem in problems:
             print(f"  - {problem}")
         return 1
-    print(f"config OK: {path}" + ("" if exists else " (built-in defaults)"))
+    print(f"config OK: {path}" if exists else "config OK: the built-in defaults (no config file)")
     return 0
 
 

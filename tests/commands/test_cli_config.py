@@ -117,6 +117,17 @@ def test_config_model_relative_path_is_made_absolute(
     assert load_config(path).model_id == "m"
 
 
+def test_check_config_without_a_file_says_the_defaults_are_used(capsys) -> None:
+    # No --config, no $SYSHAX_CONFIG, no file at the default path: nothing is read, and no line
+    # presents that path as the config in use.
+    assert main(["check-config"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("config: no config file; using the built-in defaults (")
+    assert lines[-1] == "config OK: the built-in defaults (no config file)"
+    assert [line for line in lines if "config.yaml" in line] == [lines[0]]
+    assert "`syshax init` writes one at " in lines[0]
+
+
 def test_check_config(path: Path, capsys) -> None:
     assert main(["check-config", "--config", str(path)]) == 1  # named but missing
     assert "no such file; run `syshax init" in capsys.readouterr().err

@@ -64,3 +64,31 @@ def test_probe_measures_the_bundled_model_on_one_core(capsys):
 def test_bad_input_gets_a_clear_error(capsys, argv, message):
     assert main(["plan", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_best_says_why_it_is_not_the_highest_row(capsys):
+    # The CPU adds 0.4% (1 x 2) and 0.8% (2 x 1): within 2% of the highest, so the fewest
+    # workers (the xPU alone) win, and the output says so instead of implying no layout helps.
+    assert main(["plan", "--profile", "a10", "--xpu-slots", "16", "--cpu-step-ms", "40,5", "--layouts", "1x2,2x1", "--cpu-max-batch", "4"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert "best: the xPU alone (decode_device: xpu)\n" in out
+    assert "why: 2 x 1 has the highest total (" in out
+    assert "within 2% of it count as equal" in out and "fewest CPU workers win" in out
+    # The highest row, when chosen, says that.
+    assert main(["plan", "--profile", "a10", "--xpu-slots", "16", "--cpu-step-ms", "4,1.3", "--layouts", "1x2,2x1", "--cpu-max-batch", "8"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert "best: cpu.workers: 2, cpu.threads: 1," in out and "why: the highest total tok/s" in out
+
+
+def test_best_why_between_two_cpu_layouts():
+    from syshax.workers.capacity_plan import CpuLayout, Prediction, StepCurve, best, why_best
+
+    def pred(workers: int, total: float) -> Prediction:
+        layout = CpuLayout(workers, 4 // workers, StepCurve(0.01, 0.001), 8)
+        return Prediction(layout, total - 100.0, 100.0, 8 * workers, 0.02, 0.02, False)
+
+    one, two = pred(1, 1000.0), pred(2, 1010.0)
+    assert best([one, two]) is one
+    why = why_best([one, two], one)
+    assert why.startswith("2 x 2 has the highest total (1010.0 tok/s, +1.0%)"), why
+    assert why_best([one, two], two) == "the highest total tok/s"
