@@ -123,19 +123,45 @@ def arrival_times(args: argparse.Namespace) -> list[float]:
     return np.concatenate([[0.0], np.cumsum(gaps)[:-1]]).tolist()
 
 
-def extra_body(server: str, max_tokens: int) -> dict[str, Any]:
+# --response-format json_schema: a list of people, so the grammar works at every token of a
+# long answer (a bounded object would complete early, and after it only the end is allowed).
+PEOPLE_SCHEMA = {
+    "type": "array",
+    "items": {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string"},
+            "age": {"type": "integer"},
+            "city": {"type": "string"},
+        },  # fmt: skip
+        "required": ["name", "age", "city"],
+        "additionalProperties": False,
+    },
+}
+RESPONSE_FORMATS = {
+    "none": None,
+    "json_object": {"type": "json_object"},
+    "json_schema": {
+        "type": "json_schema",
+        "json_schema": {"name": "people", "schema": PEOPLE_SCHEMA},
+    },  # fmt: skip
+}
+
+
+def extra_body(server: str, max_tokens: int, response_format: str = "none") -> dict[str, Any]:
     """Non-OpenAI fields: ignore_eos for both; llama-server also gets n_predict, and no prompt
-    cache (no prompt comes back anyway: this only makes sure)."""
+    cache (no prompt comes back anyway: this only makes sure); --response-format's constraint."""
     if server == "llama-server":
         return {"ignore_eos": True, "n_predict": max_tokens, "cache_prompt": False}
-    return {"ignore_eos": True}
+    rf = RESPONSE_FORMATS[response_format]
+    return {"ignore_eos": True} | ({"response_format": rf} if rf else {})
 
 
 async def farm_request(client: Any, model: str, args: argparse.Namespace, p: Prompt, max_tokens: int, server: str = "farm") -> Rec:  # fmt: skip
     """One streamed request. TTFT runs to the first chunk with generated text: role-only
     (chat), empty-text and usage-only chunks are neither the first token nor an ITL gap."""
     rec = Rec(prompt_len=p.n)
-    kw: dict[str, Any] = dict(model=model, max_tokens=max_tokens, temperature=0.0, seed=args.seed, stream=True, stream_options={"include_usage": True}, extra_body=extra_body(server, max_tokens))  # fmt: skip
+    kw: dict[str, Any] = dict(model=model, max_tokens=max_tokens, temperature=0.0, seed=args.seed, stream=True, stream_options={"include_usage": True}, extra_body=extra_body(server, max_tokens, getattr(args, "response_format", "none")))  # fmt: skip
     rec.t_start = time.perf_counter()
     try:
         if args.client == "raw":  # sse_client.RawClient: the same body
@@ -595,6 +621,7 @@ OPTIONS: list[tuple[str, dict[str, Any]]] = [
     ("--endpoint", {"choices": ("completions", "chat"), "default": "completions", "help": "API to stream from; completions keeps the prompt length exact, chat adds the template's tokens (default %(default)s)"}),
     ("--input-len", {"type": int, "default": 128, "help": "prompt tokens per request, random words cut to this length (default %(default)s)"}),
     ("--output-len", {"type": int, "default": 64, "help": "generated tokens per request: max_tokens with ignore_eos (default %(default)s)"}),
+    ("--response-format", {"choices": tuple(RESPONSE_FORMATS), "default": "none", "help": "constrain every answer (structured outputs): json_object, or json_schema = a list of people, so the grammar works at every token (default %(default)s)"}),
     ("--num-prompts", {"type": int, "default": 64, "help": "requests in the run (default %(default)s)"}),
     ("--request-rate", {"type": float, "default": float("inf"), "help": "requests/s, Poisson arrivals; inf = all at once (default inf)"}),
     ("--max-concurrency", {"type": int, "help": "most requests in flight at once (default: no limit)"}),
