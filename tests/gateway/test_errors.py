@@ -95,10 +95,22 @@ def test_too_long_names_both_numbers(thread_farm, tokenizer):
         ({"messages": MESSAGES, "logit_bias": {"99999999": 1}}, "logit_bias"),
         ({"messages": MESSAGES, "logit_bias": {"5": 101}}, "logit_bias"),
         ({"messages": MESSAGES, "stop_token_ids": [99999999]}, "stop_token_ids"),
-        ({"messages": MESSAGES, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}}, "response_format"),  # fmt: skip
+        (
+            {
+                "messages": MESSAGES,
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": {"type": "nonsense"}},
+                },
+            },
+            "response_format",
+        ),  # fmt: skip
         ({"messages": MESSAGES, "response_format": {"type": "json_schema"}}, "response_format"),
         ({"messages": MESSAGES, "response_format": {"type": "yaml"}}, "response_format"),
-        ({"messages": MESSAGES, "structured_outputs": {"regex": "a(", "choice": ["a"]}}, "structured_outputs"),  # fmt: skip
+        (
+            {"messages": MESSAGES, "structured_outputs": {"regex": "a(", "choice": ["a"]}},
+            "structured_outputs",
+        ),  # fmt: skip
         ({"messages": MESSAGES, "structured_outputs": {"regex": "a(b"}}, "structured_outputs"),
         ({"messages": MESSAGES, "stream_options": {"include_usage": True}}, "stream_options"),
         ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages"),
