@@ -1,6 +1,7 @@
 """What structured outputs cost the engine (issue 28): the same batch of greedy requests decoded
 with and without a JSON-schema constraint, in one process, alternating, so the difference is
 the grammar's mask and matcher work on the engine's step (no farm, no client on the cores).
+The engine runs as a CPU worker does: the GGUF's blocks with the fused native step.
 
     python bench/structured_cost.py --streams 1,16 --tokens 64 --rounds 3 [--model M.gguf]
 """
@@ -37,10 +38,14 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=64, help="generated tokens per request")
     p.add_argument("--rounds", type=int, default=3, help="alternating rounds")
     args = p.parse_args()
+    from syshax.workers.cpu.options import CpuKernelOptions
     from syshax.workers.engine.engine import Engine
+    from syshax.workers.engine.loader import resolve_model_path
 
     levels = [int(x) for x in args.streams.split(",")]
-    engine = Engine(args.model, max_model_len=1024, max_num_seqs=max(levels), progress=False)
+    path = resolve_model_path(args.model or "default")
+    kernels = CpuKernelOptions().resolved(path, "cpu").engine_kwargs()  # the workers' default
+    engine = Engine(path, max_model_len=1024, max_num_seqs=max(levels), progress=False, **kernels)  # fmt: skip
     ids = engine.tokenizer.encode_chat([{"role": "user", "content": "List three people as JSON."}])  # fmt: skip
     run(engine, ids, 2, 8, True)  # warm-up: kernels, the grammar's first compile
     print(
