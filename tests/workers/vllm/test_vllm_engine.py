@@ -262,3 +262,29 @@ def test_bf16_cache_order_is_probed_too(hf_folder, cpu_engine, tmp_path):
     for got, want in ((k16, k32), (v16, v32)):
         scale = want.abs().amax(dim=(-2, -1), keepdim=True).clamp_min(1e-3)
         assert ((got.float() - want.float()).abs() / scale).max() < bound
+
+
+def test_sampling_controls_and_constraints_pass_through_to_vllm(vllm_engine, prompts, hf_folder):
+    """Issue 28 on vLLM: a JSON-schema constraint (vLLM's StructuredOutputsParams), a forced
+    choice, logit_bias and top logprobs reach vLLM's own sampler."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(hf_folder))
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"], "additionalProperties": False}  # fmt: skip
+    p = SamplingParams(max_tokens=40, temperature=0.0, seed=0, structured={"kind": "json_schema", "schema": schema})  # fmt: skip
+    outs = _run(vllm_engine, "json", prompts[0], p)
+    text = tok.decode([o.token_id for o in outs], skip_special_tokens=True)
+    assert outs[-1].finish_reason == "stop", text
+    assert set(json.loads(text)) == {"city"}
+    p = SamplingParams(max_tokens=8, temperature=0.0, seed=0, structured={"kind": "choice", "choice": ["yes", "no"]})  # fmt: skip
+    text = tok.decode([o.token_id for o in _run(vllm_engine, "choice", prompts[1], p)], skip_special_tokens=True)  # fmt: skip
+    assert text in ("yes", "no")
+    plain = _run(vllm_engine, "plain", prompts[2], SamplingParams(max_tokens=4, temperature=0.0, seed=0, logprobs=True, top_logprobs=3))  # fmt: skip
+    first = plain[0]
+    assert first.top_logprobs and len(first.top_logprobs) == 3
+    assert first.top_logprobs[0][0] == first.token_id
+    banned = _run(vllm_engine, "banned", prompts[2], SamplingParams(max_tokens=4, temperature=0.0, seed=0, logit_bias={str(first.token_id): -100}))  # fmt: skip
+    assert banned[0].token_id != first.token_id
+    assert _all_free(vllm_engine)
