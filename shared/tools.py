@@ -174,10 +174,14 @@ def forcing_grammar(
         }
         for f in funcs
     ]
-    schema = json.dumps(variants[0] if len(variants) == 1 else {"anyOf": variants})
+    schema_obj: dict[str, Any] = variants[0] if len(variants) == 1 else {"anyOf": variants}
+    # Compact JSON, as for response_format: no free whitespace for a small model to wander in
+    # (llguidance reads its options from the schema's x-guidance; vLLM's guidance backend too).
+    schema_obj = {**schema_obj, "x-guidance": {"whitespace_flexible": False}}
+    schema = json.dumps(schema_obj)
     many = "+" if parallel else ""
     if fmt == "mistral":
-        items = {"type": "array", "items": json.loads(schema), "minItems": 1}
+        items = {"type": "array", "items": variants[0] if len(variants) == 1 else {"anyOf": variants}, "minItems": 1, "x-guidance": {"whitespace_flexible": False}}  # fmt: skip
         if not parallel:
             items["maxItems"] = 1
         return f'start: "[TOOL_CALLS]" call\ncall: %json {json.dumps(items)}\n'

@@ -288,3 +288,22 @@ def test_sampling_controls_and_constraints_pass_through_to_vllm(vllm_engine, pro
     banned = _run(vllm_engine, "banned", prompts[2], SamplingParams(max_tokens=4, temperature=0.0, seed=0, logit_bias={str(first.token_id): -100}))  # fmt: skip
     assert banned[0].token_id != first.token_id
     assert _all_free(vllm_engine)
+
+
+def test_a_forced_tool_call_passes_through_to_vllm(vllm_engine, prompts, hf_folder):
+    """A required tool call's grammar (llguidance's Lark with the schemas inline) on vLLM: the
+    answer parses into a call whose arguments fit the function's schema."""
+    import json
+
+    from syshax.shared import tools
+    from transformers import AutoTokenizer
+
+    weather = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"], "additionalProperties": False}}}  # fmt: skip
+    lark = tools.forcing_grammar([weather], "generic", "get_weather", parallel=False)
+    p = SamplingParams(max_tokens=200, temperature=0.0, seed=0, structured={"kind": "lark", "lark": lark})  # fmt: skip
+    tok = AutoTokenizer.from_pretrained(str(hf_folder))
+    outs = _run(vllm_engine, "tool", prompts[0], p)
+    text = tok.decode([o.token_id for o in outs], skip_special_tokens=True)
+    _, calls = tools.parse(text, "generic")
+    assert len(calls) == 1 and calls[0].name == "get_weather", text
+    assert set(json.loads(calls[0].arguments)) == {"city"}
