@@ -9,6 +9,7 @@ into one constraint spec (shared/structured.py), checked against the tokenizer.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from syshax.shared import structured
@@ -123,8 +124,6 @@ def _from_structured_outputs(so: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def _json(text: Any) -> dict[str, Any]:
-    import json
-
     try:
         value = json.loads(text) if isinstance(text, str) else None
     except json.JSONDecodeError:

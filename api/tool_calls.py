@@ -52,7 +52,7 @@ def _template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if m.get("tool_calls"):
             m = dict(m)
             m["tool_calls"] = [
-                {**c, "function": {**c["function"], "arguments": tools._args(c)}}
+                {**c, "function": {**c["function"], "arguments": tools.call_arguments(c)}}
                 for c in m["tool_calls"]
             ]
         out.append(m)

@@ -20,7 +20,6 @@ in blanks. The engine is llguidance (bench/grammar_engines.py and docs/benchmark
 from __future__ import annotations
 
 import functools
-import json
 import weakref
 from typing import Any
 
@@ -93,8 +92,3 @@ def check(spec: dict[str, Any], ll_tok: Any) -> str:
     """The spec's grammar, compiled once per distinct spec and tokenizer; StructuredError with
     the compiler's message when it does not compile."""
     return _checked(grammar(spec), ll_tok)
-
-
-def spec_key(spec: dict[str, Any]) -> str:
-    """A canonical text of a spec (the cache key)."""
-    return json.dumps(spec, sort_keys=True, separators=(",", ":"))

@@ -88,7 +88,7 @@ def render_generic(
         if m.get("role") == "assistant" and m.get("tool_calls"):
             calls = "".join(
                 "<tool_call>"
-                + json.dumps({"name": c["function"]["name"], "arguments": _args(c)})
+                + json.dumps({"name": c["function"]["name"], "arguments": call_arguments(c)})
                 + "</tool_call>"
                 for c in m.pop("tool_calls")
             )
@@ -105,7 +105,8 @@ def render_generic(
     return out
 
 
-def _args(call: Mapping[str, Any]) -> Any:
+def call_arguments(call: Mapping[str, Any]) -> Any:
+    """An OpenAI tool call's arguments as an object (they travel as JSON text)."""
     raw = call["function"].get("arguments", "{}")
     try:
         return json.loads(raw) if isinstance(raw, str) else raw
