@@ -2,7 +2,8 @@
 # Build llama.cpp's llama-server for this CPU (-march=native) from the llama-cpp-python 0.3.36
 # source on PyPI (the same llama.cpp as bench/llama_native.sh), for
 # `bench/serve.py --against llama-server`. One static binary (ggml and llama linked in; only
-# libc, libstdc++ and libgomp from the system). About 10-15 minutes on 2 cores.
+# libc, libstdc++ and libgomp from the system), with llama-perplexity and llama-quantize beside
+# it. About 10-15 minutes on 2 cores.
 #
 #   bench/llama_server.sh [--force] [DIR]     # default DIR: ~/.cache/syshax/llama-server
 #   python bench/serve.py --launch model --against llama-server --llama-server DIR/llama-server
@@ -38,9 +39,13 @@ cmake -S "$SRC" -B "$WORK/build" -G "$GEN" -DCMAKE_BUILD_TYPE=Release -DGGML_NAT
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF \
     -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
     "-DCMAKE_C_FLAGS=$NO_AMX" "-DCMAKE_CXX_FLAGS=$NO_AMX" >/dev/null
-cmake --build "$WORK/build" -j "$(nproc)" --target llama-server
+# llama-perplexity and llama-quantize come along (they share the libraries built for the
+# server): bench/perplexity.py measures llama.cpp's KL divergence on files llama-quantize makes.
+cmake --build "$WORK/build" -j "$(nproc)" --target llama-server llama-perplexity llama-quantize
 mkdir -p "$DEST"
-cp "$WORK/build/bin/llama-server" "$DEST/llama-server.tmp"
-mv "$DEST/llama-server.tmp" "$DEST/llama-server"
+for tool in llama-perplexity llama-quantize llama-server; do
+    cp "$WORK/build/bin/$tool" "$DEST/$tool.tmp"
+    mv "$DEST/$tool.tmp" "$DEST/$tool"
+done
 "$DEST/llama-server" --version
 echo "built: python bench/serve.py --launch model --against llama-server --llama-server $DEST/llama-server"
