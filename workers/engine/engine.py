@@ -12,10 +12,14 @@ from __future__ import annotations
 import gc
 from pathlib import Path
 
+from syshax.shared.sampling import SamplingParams
+
 from .core import EngineCore
+from .errors import RequestError
 from .model_runner import ModelOptions, ModelRunner, resolve_device
 from .outputs import EngineStats, StepOutput
 from .scheduler import Scheduler
+from .sequence import Sequence
 
 __all__ = [
     "Engine",
@@ -77,3 +81,27 @@ class Engine(EngineCore):
         # The loaded model's parts, for the tools and tests that look inside.
         self.config, self.model, self.model_path = runner.config, runner.model, runner.model_path
         self.device, self.cache, self.fused = runner.device, runner.cache, runner.fused
+
+    def prompt_logits(self, token_ids: list[int], first: int = 0):
+        """The logits [len(token_ids) - first, vocab] (fp32 torch tensor) of every position from
+        `first` on, for `token_ids` computed as a fresh sequence from position 0 (row i predicts
+        token i + 1): what perplexity and KL divergence score. Only while the engine runs no
+        request; the sequence's KV blocks are freed after (never prefix-cached)."""
+        n = len(token_ids)
+        if not 0 <= first < n:
+            raise RequestError(f"first scored row {first} is outside the {n} tokens")
+        if n > self.max_model_len:
+            raise RequestError(f"{n} tokens is more than max_model_len {self.max_model_len}")
+        vocab = self.config.vocab_size
+        bad = [t for t in token_ids if not 0 <= t < vocab]
+        if bad:
+            raise RequestError(f"token id {bad[0]} is outside the vocabulary (size {vocab})")
+        if self.scheduler.has_unfinished():
+            raise RequestError("prompt_logits runs only while the engine has no requests")
+        seq = Sequence("prompt-logits", list(token_ids), SamplingParams(max_tokens=1))
+        if not self.scheduler.blocks.grow(seq, n):
+            raise RequestError(f"no room in the KV cache for {n} positions")
+        try:
+            return self.runner.prompt_logits(seq.prompt_ids, seq.block_table, first)
+        finally:
+            self.scheduler.blocks.release(seq)

@@ -194,10 +194,16 @@ class Transformer(nn.Module):
 
     @torch.inference_mode()
     def prefill(
-        self, tokens: torch.Tensor, cache: KVCache, table: torch.Tensor, start: int = 0
+        self,
+        tokens: torch.Tensor,
+        cache: KVCache,
+        table: torch.Tensor,
+        start: int = 0,
+        logits_from: int | None = None,
     ) -> torch.Tensor:
         """Run `tokens` ([T]) of one sequence (block table `table`, a long tensor) from position
-        `start`; return last-position logits [V] (fp32)."""
+        `start`; return last-position logits [V] (fp32), or with `logits_from` = k the logits of
+        rows k..T-1 [T-k, V] (perplexity scores every position)."""
         t = tokens.shape[0]
         x = self.embed_tokens(tokens)[None]
         cos, sin = self._rope(torch.arange(start, start + t, device=tokens.device)[None], x.dtype)
@@ -205,7 +211,9 @@ class Transformer(nn.Module):
             h = layer.input_layernorm(x)
             x = x + layer.self_attn.prefill(h, cos, sin, cache.k[i], cache.v[i], table, start)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
-        return self.lm_head(self.norm(x[:, -1])).float()[0]
+        if logits_from is None:
+            return self.lm_head(self.norm(x[:, -1])).float()[0]
+        return self.lm_head(self.norm(x[0, logits_from:])).float()
 
     @torch.inference_mode()
     def decode(

@@ -201,6 +201,12 @@ class ModelRunner(PortableKV):
     def finish(self, outputs) -> None:
         return None
 
+    def prompt_logits(self, token_ids: list[int], table: list[int], first: int) -> torch.Tensor:
+        """The logits [len(token_ids) - first, vocab] (fp32, CPU) of every position from
+        `first` on of a sequence computed from position 0 in blocks `table`: what perplexity
+        scores (a step samples only each chunk's last row)."""
+        return self.forward.prompt_logits(token_ids, table, first)
+
     # ---- KV -----------------------------------------------------------------------------
 
     def export_kv(self, seq: Sequence) -> bytes:

@@ -3,7 +3,11 @@ sampling rows. The engine owns one; the scheduler never sees torch.
 
 * `FusedRunner` (the CPU default): every row of the step, decodes and prompt chunks mixed,
   in one native call (sx_step): one pass over the weights for the whole step.
-* `TorchRunner` (GPU, float CPU): the decode rows as one batch, then each prompt chunk.
+* `TorchRunner` (GPU, float CPU): the decode rows as one batch, then each prompt chunk (and
+  each decode with a speculative draft, as a chunk of its k+1 rows).
+
+A chunk with a draft gives the logits of all its rows (the verifier reads each); any other
+sampling chunk gives its last row's.
 """
 
 from __future__ import annotations
@@ -27,10 +31,22 @@ class FusedRunner:
             tokens += c.token_ids
             positions += range(c.start, c.start + c.length)
             seqs += [i] * c.length
-            if c.samples:
-                out_rows.append(len(tokens) - 1)
+            if c.samples:  # a draft's chunk: every row (the last token's and each draft's)
+                out_rows += range(len(tokens) - 1 - len(c.draft), len(tokens))
         tables = [c.seq.block_table for c in step.chunks]
         return self.fused.step(tokens, positions, seqs, tables, out_rows)
+
+    def prompt_logits(self, token_ids: list[int], table: list[int], first: int) -> torch.Tensor:
+        """Logits [len(token_ids) - first, vocab] of positions first.. of one sequence computed
+        from position 0 (block table `table`), in steps of at most the step's row budget."""
+        parts = []
+        width = self.fused.max_tokens
+        for start in range(0, len(token_ids), width):
+            rows = token_ids[start : start + width]
+            out = [i for i in range(len(rows)) if start + i >= first]
+            positions = list(range(start, start + len(rows)))
+            parts.append(self.fused.step(rows, positions, [0] * len(rows), [table], out))
+        return torch.cat(parts)
 
 
 class TorchRunner:
@@ -42,16 +58,24 @@ class TorchRunner:
         singles = [c for c in step.chunks if c.length == 1]
         if singles:
             for c, row in zip(singles, self._decode(singles), strict=True):
-                logits[id(c)] = row
+                logits[id(c)] = row[None]
         for c in step.chunks:
             if c.length > 1:
                 ids = torch.tensor(c.token_ids, dtype=torch.long, device=self.device)
                 table = torch.tensor(c.seq.block_table, dtype=torch.long, device=self.device)
-                logits[id(c)] = self.model.prefill(ids, self.cache, table, c.start)
+                last = 1 + len(c.draft)
+                logits[id(c)] = self.model.prefill(ids, self.cache, table, c.start, last)
         rows = [logits[id(c)] for c in step.sampling]
         if not rows:
             return torch.empty((0, self.model.config.vocab_size))
-        return torch.stack(rows)
+        return torch.cat(rows)
+
+    def prompt_logits(self, token_ids: list[int], table: list[int], first: int) -> torch.Tensor:
+        """Logits [len(token_ids) - first, vocab] of positions first.. of one sequence computed
+        from position 0 (block table `table`), in one prefill."""
+        ids = torch.tensor(token_ids, dtype=torch.long, device=self.device)
+        blocks = torch.tensor(table, dtype=torch.long, device=self.device)
+        return self.model.prefill(ids, self.cache, blocks, 0, logits_from=first).cpu()
 
     def _decode(self, chunks: list[Chunk]) -> torch.Tensor:
         """One batched step for sequences one row each (row at position `start`)."""

@@ -1,0 +1,1 @@
+"""Quality measures of a loaded model: perplexity and KL divergence against a base run."""
