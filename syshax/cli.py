@@ -33,6 +33,10 @@ COMMANDS = {
         "syshax.commands.batch",
         "Offline batches of requests as rq jobs: submit, status, results, cancel, worker.",
     ),
+    "eval": (
+        "syshax.commands.eval",
+        "Measure quality: perplexity on a text, KL divergence against a base run.",
+    ),
     "dashboard": (
         "syshax.commands.dashboard",
         "Run rq-dashboard on the farm's Redis (batch jobs).",
