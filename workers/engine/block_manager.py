@@ -55,6 +55,17 @@ class BlockManager:
             seq.block_table.append(self._take())
         return True
 
+    def shrink(self, seq: Sequence, num_tokens: int) -> None:
+        """Free `seq`'s blocks beyond its first `num_tokens` positions (the rows a speculative
+        step wrote for tokens the target rejected). They are never shared nor cached: only
+        blocks whose positions are all computed and accepted are keyed."""
+        while len(seq.block_table) > self.blocks_for(num_tokens):
+            block = seq.block_table.pop()
+            self.refs[block] -= 1
+            if self.refs[block] == 0:
+                assert self.key_of[block] is None, "a cached block past the sequence's end"
+                self.free.append(block)
+
     def release(self, seq: Sequence) -> None:
         """Drop `seq`'s blocks; cached ones stay findable until evicted (last block first, so
         a prefix's tail is evicted before its head)."""

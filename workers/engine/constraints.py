@@ -44,6 +44,13 @@ class Constraint:
         mask[:n] = raw[:n].bool()
         return mask
 
+    def valid_prefix(self, tokens: Sequence[int]) -> int:
+        """How many of `tokens` (a speculative draft) the grammar accepts in a row from its
+        state now, without consuming them."""
+        if self.matcher.is_stopped():
+            return 0
+        return int(self.matcher.validate_tokens(list(tokens)))
+
     def advance(self, token: int) -> None:
         """Consume the sampled token (an EOS after completion is accepted as the end)."""
         if self.matcher.is_stopped():

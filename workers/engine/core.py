@@ -46,6 +46,9 @@ class Sampled:
     tokens: list[int]
     logprobs: list[float | None]
     tops: list[list[tuple[int, float]] | None] | None = None
+    # Tokens per chunk of step.sampling, when a chunk verified a draft (then the lists above
+    # hold each chunk's tokens in order); None: one each.
+    counts: list[int] | None = None
 
 
 Blob = bytes | memoryview  # a KV blob: bytes, or a view of a lease's shared memory
@@ -128,6 +131,7 @@ class EngineCore(SchedulerRequests):
         self.runner, self.scheduler, self.tokenizer = runner, scheduler, tokenizer
         self.max_model_len = scheduler.max_model_len
         self.stats = EngineStats()
+        self.stats.spec = scheduler.spec_counts
 
     @property
     def kv_identity(self) -> KVIdentity:
@@ -145,14 +149,18 @@ class EngineCore(SchedulerRequests):
         if not step.chunks:
             return []
         decode_rows = step.decode_rows  # before the update moves the sequences on
+        produced = self.stats.spec.decode_tokens
         computing = time.perf_counter()
         sampled = self.runner.execute(step, started)
         seconds = time.perf_counter() - computing
-        outs = self.scheduler.update(step, sampled.tokens, sampled.logprobs, sampled.tops)
+        outs = self.scheduler.update(
+            step, sampled.tokens, sampled.logprobs, sampled.tops, sampled.counts
+        )
         self.runner.finish(outs)
         if self.runner.timing == "step":
             seconds = time.perf_counter() - started
-        self.stats.record(step.num_rows - decode_rows, decode_rows, max(seconds, 1e-6))
+        produced = self.stats.spec.decode_tokens - produced
+        self.stats.record(step.num_rows - decode_rows, decode_rows, max(seconds, 1e-6), produced)
         return outs
 
     def generate(

@@ -71,6 +71,7 @@ class Engine(EngineCore):
             stop_token_ids=self.eos_token_ids,
             tokenizer=tokenizer,
             prompt_rows_while_decoding=opts.prompt_rows_while_decoding,
+            speculation=opts.speculative,
         )
         super().__init__(runner, scheduler, tokenizer)
         if tokenizer is not None:  # built on the first constrained request (about a second)

@@ -38,6 +38,8 @@ from .runner import FusedRunner, TorchRunner
 from .sampler import sample_sequences
 from .scheduler import DEFAULT_BLOCK_SIZE, ScheduledStep, step_budget
 from .sequence import Sequence
+from .spec_verify import sample_step
+from .speculative import SpecConfig
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +62,8 @@ class ModelOptions:
     also decodes takes (None: the rest of the budget; see the scheduler). `served_model`: the
     name the farm serves this model as (None: derived from the path, as the config does);
     with the weights digest it is the identity every exported KV blob carries and every
-    imported one must have (kv_identity.py)."""
+    imported one must have (kv_identity.py). `speculative`: speculative decoding's settings
+    (speculative.py; None: off)."""
 
     device: str = "cpu"
     dtype: str = "float32"
@@ -78,6 +81,7 @@ class ModelOptions:
     prefix_caching: bool = True
     prompt_rows_while_decoding: int | None = None
     served_model: str | None = None
+    speculative: SpecConfig | None = None
 
 
 @dataclass
@@ -127,6 +131,8 @@ def plan_load(model: str | Path | None, opts: ModelOptions) -> LoadPlan:
         budget = step_budget(
             opts.max_num_seqs, opts.max_num_batched_tokens, opts.prompt_rows_while_decoding
         )
+        if opts.speculative is not None:
+            opts.speculative.check()
     except ValueError as exc:
         raise EngineError(str(exc)) from None
     fused = op_mode == "fused"
@@ -192,7 +198,9 @@ class ModelRunner(PortableKV):
         logits = self.forward.execute(step)
         chunks = step.sampling
         sampled = Sampled([], [])
-        if chunks:
+        if any(c.draft for c in chunks):
+            sampled = sample_step(logits, chunks, self.ll_tokenizer)
+        elif chunks:
             sampled = sample_sequences(logits, [c.seq for c in chunks], self.ll_tokenizer)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)  # the step's time is the device's too

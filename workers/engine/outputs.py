@@ -106,6 +106,25 @@ class TokenCadence:
 
 
 @dataclass
+class SpecCounts:
+    """Speculation so far: tokens proposed and accepted, and per decode chunk (a sequence's
+    step) the tokens it produced, for acceptance rate and tokens per step."""
+
+    proposed: int = 0
+    accepted: int = 0
+    decode_chunks: int = 0
+    decode_tokens: int = 0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.proposed if self.proposed else 0.0
+
+    @property
+    def tokens_per_step(self) -> float:
+        return self.decode_tokens / self.decode_chunks if self.decode_chunks else 0.0
+
+
+@dataclass
 class EngineStats:
     """Timings measured inside the engine (model load excluded), like llama.cpp's timings.
 
@@ -121,6 +140,7 @@ class EngineStats:
     # The last steps with decode rows: the inter-token latency a running stream sees is the
     # whole step's time, prompt chunks included.
     steps: StepTimes = field(default_factory=StepTimes)
+    spec: SpecCounts = field(default_factory=SpecCounts)  # the scheduler's, when it speculates
 
     @property
     def prefill_tps(self) -> float:
@@ -137,7 +157,11 @@ class EngineStats:
         secs = sum(s for _, s in self.recent)
         return toks / secs if secs else 0.0
 
-    def record(self, prompt_rows: int, decode_rows: int, seconds: float) -> None:
+    def record(
+        self, prompt_rows: int, decode_rows: int, seconds: float, produced: int | None = None
+    ) -> None:
+        """`produced`: the tokens the decode rows gave (None: one per row; with speculation,
+        a sequence's rows give 1 to k+1 tokens)."""
         rows = prompt_rows + decode_rows
         if not rows:
             return
@@ -145,10 +169,11 @@ class EngineStats:
         self.prefill_seconds += seconds * prompt_rows / rows
         if decode_rows:
             share = seconds * decode_rows / rows
-            self.decode_tokens += decode_rows
+            tokens = decode_rows if produced is None else produced
+            self.decode_tokens += tokens
             self.decode_seconds += share
             self.decode_steps += 1
-            self.recent.append((decode_rows, share))
+            self.recent.append((tokens, share))
             self.steps.add(rows, seconds)
 
     def step_time_model(self) -> tuple[float, float] | None:

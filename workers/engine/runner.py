@@ -63,8 +63,11 @@ class TorchRunner:
             if c.length > 1:
                 ids = torch.tensor(c.token_ids, dtype=torch.long, device=self.device)
                 table = torch.tensor(c.seq.block_table, dtype=torch.long, device=self.device)
-                last = 1 + len(c.draft)
-                logits[id(c)] = self.model.prefill(ids, self.cache, table, c.start, last)
+                if c.draft:  # every row: the last token's and each draft's
+                    first = c.length - 1 - len(c.draft)
+                    logits[id(c)] = self.model.prefill(ids, self.cache, table, c.start, first)
+                else:
+                    logits[id(c)] = self.model.prefill(ids, self.cache, table, c.start)[None]
         rows = [logits[id(c)] for c in step.sampling]
         if not rows:
             return torch.empty((0, self.model.config.vocab_size))

@@ -20,6 +20,12 @@ pace). A step without decodes still fills the whole budget.
 When a decode finds no free block, the most recently admitted sequence is preempted: its
 blocks are freed and it goes back to the head of the queue with the tokens it generated,
 to be recomputed (vLLM's recompute preemption). Nothing it streamed is lost or repeated.
+
+With speculation (speculative.py), a decode may carry draft tokens: its chunk computes the
+last token's row plus one row per draft, and the runner returns 1 to k+1 verified tokens
+for it. The rows of rejected drafts are forgotten (num_cached stops at the last accepted
+token) and the blocks only they used are freed at once. Drafts never preempt anyone: they
+take the free blocks there are, and the budget left after every stream's own row.
 """
 
 from __future__ import annotations
@@ -33,8 +39,9 @@ from syshax.shared.sampling import SamplingParams
 
 from .block_manager import BlockManager
 from .errors import CapacityError, RequestError
-from .outputs import StepOutput
+from .outputs import SpecCounts, StepOutput
 from .sequence import Sequence, make_detokenizer, record_token
+from .speculative import SpecConfig, SpecPolicy
 
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 256
 DEFAULT_BLOCK_SIZE = 16
@@ -70,15 +77,17 @@ class Chunk:
     seq: Sequence
     start: int
     length: int
+    draft: list[int] = field(default_factory=list)  # proposed tokens, the chunk's last rows
 
     @property
     def samples(self) -> bool:
-        """Does this chunk reach the sequence's end (its last row's logits give a token)?"""
-        return self.start + self.length == self.seq.length
+        """Does this chunk reach the sequence's end (its last row's logits give a token; with
+        a draft, every row's logits do)?"""
+        return self.start + self.length - len(self.draft) == self.seq.length
 
     @property
     def token_ids(self) -> list[int]:
-        ids = self.seq.all_ids
+        ids = self.seq.all_ids + self.draft
         return ids[self.start : self.start + self.length]
 
 
@@ -114,11 +123,13 @@ class Scheduler:
         stop_token_ids: frozenset[int] = frozenset(),
         tokenizer=None,
         prompt_rows_while_decoding: int | None = None,
+        speculation: SpecConfig | None = None,
     ):
         """`max_num_batched_tokens`: the step's token budget (default: `step_budget`'s).
         `num_blocks`: KV blocks of `block_size` positions (default: room for every sequence
         at max_model_len). `prompt_rows_while_decoding`: the most prompt rows a step with
-        decodes in it takes (None: the rest of the budget)."""
+        decodes in it takes (None: the rest of the budget). `speculation`: how decodes
+        propose draft tokens (None or method "none": they do not)."""
         self.max_num_batched_tokens = step_budget(
             max_num_seqs, max_num_batched_tokens, prompt_rows_while_decoding
         )
@@ -140,6 +151,8 @@ class Scheduler:
         self.running: list[Sequence] = []  # holding KV blocks, in admission order
         self.sequences: dict[str, Sequence] = {}
         self.preemptions = 0
+        self.spec = SpecPolicy(speculation) if speculation and speculation.enabled else None
+        self.spec_counts = SpecCounts()
 
     # ---- requests -----------------------------------------------------------------------
 
@@ -225,6 +238,8 @@ class Scheduler:
                 continue  # it preempted itself
             step.chunks.append(Chunk(seq, seq.num_cached, 1))
             budget -= 1
+        if self.spec is not None:
+            budget -= self._speculate(step.chunks, budget)
         if step.chunks and self.prompt_rows_while_decoding is not None:
             budget = min(budget, self.prompt_rows_while_decoding)
         for seq in [s for s in self.running if s.length - s.num_cached > 1]:
@@ -250,6 +265,33 @@ class Scheduler:
             budget -= n
         return step
 
+    def _speculate(self, decodes: list[Chunk], budget: int) -> int:
+        """Give the step's decode chunks draft tokens (within the draft rows the policy allows,
+        the budget, max_tokens, max_model_len, the free blocks and a grammar); returns the
+        rows added."""
+        assert self.spec is not None
+        each = min(self.spec.draft_rows_each(len(decodes)), budget // max(len(decodes), 1))
+        added = 0
+        for chunk in decodes if each > 0 else ():
+            seq = chunk.seq
+            p = seq.params
+            k = min(each, self.spec.wanted(seq.acceptance), self.max_model_len - seq.length)
+            if p.max_tokens is not None:  # the verified tokens plus the target's own fit
+                k = min(k, p.max_tokens - len(seq.output_ids) - 1)
+            if k < 1:
+                continue
+            draft = self.spec.propose(seq.all_ids, k)
+            if draft and seq.constraint is not None:  # stop at the first refused token
+                draft = draft[: seq.constraint.valid_prefix(draft)]
+            if draft and not self.blocks.grow(seq, seq.length + len(draft)):
+                room = len(seq.block_table) * self.blocks.block_size - seq.length
+                draft = draft[: max(room, 0)]
+            if draft:
+                chunk.draft = draft
+                chunk.length += len(draft)
+                added += len(draft)
+        return added
+
     def _make_room(self, seq: Sequence, num_tokens: int) -> bool:
         """Blocks for `seq`'s first `num_tokens` positions, preempting the most recently
         admitted sequences while there are none; False if `seq` itself had to go."""
@@ -273,37 +315,56 @@ class Scheduler:
         tokens: Seq[int],
         logprobs: Seq[float | None],
         tops: Seq[Any] | None = None,
+        counts: Seq[int] | None = None,
     ) -> list[StepOutput]:
-        """Record a computed step: rows are cached; `tokens[i]` is sampled for the i-th chunk
-        of `step.sampling` (`tops[i]`: its top logprobs, when asked). Finished sequences leave
-        and free their blocks."""
-        outs = []
+        """Record a computed step: rows are cached; the i-th chunk of `step.sampling` produced
+        `counts[i]` tokens (None: one each), taken in order from `tokens` (`logprobs`, and
+        `tops`: its top logprobs, when asked). A chunk with a draft produced its accepted
+        drafts then the target's token: rows past the last accepted one are forgotten.
+        Finished sequences leave and free their blocks."""
+        outs: list[StepOutput] = []
         tops = tops if tops is not None else [None] * len(tokens)
         sampled = iter(zip(tokens, logprobs, tops, strict=True))
+        counts_it = iter(counts) if counts is not None else None
         for chunk in step.chunks:
             seq = chunk.seq
-            seq.num_cached = chunk.start + chunk.length
-            self.blocks.cache_full_blocks(seq)
             if not chunk.samples:
+                seq.num_cached = chunk.start + chunk.length
+                self.blocks.cache_full_blocks(seq)
                 continue
-            token, logprob, top = next(sampled)
-            seq.logprobs.append(logprob)
-            text = record_token(seq, token, self.stop_token_ids, self.max_model_len)
+            n = next(counts_it) if counts_it is not None else 1
+            run = [next(sampled) for _ in range(n)]
+            if chunk.start >= seq.prefill_end:
+                self._count_decode(seq, chunk, n)
+            for token, logprob, top in run:
+                outs.append(self._record(seq, token, logprob, top))
+                if seq.finish_reason is not None:
+                    break
+            # Every row before the newest token stands (the prompt or the last token, and the
+            # drafts accepted); rows of rejected drafts are forgotten, to be written again.
+            seq.num_cached = seq.length - 1
+            self.blocks.cache_full_blocks(seq)
             if seq.finish_reason is not None:
                 self._release(seq)
                 self.sequences.pop(seq.request_id, None)
-            outs.append(
-                StepOutput(
-                    seq.request_id,
-                    token,
-                    text,
-                    logprob,
-                    len(seq.output_ids) - 1,
-                    seq.finish_reason,
-                    top,
-                )
-            )
+            elif chunk.draft:
+                self.blocks.shrink(seq, seq.length)
         return outs
+
+    def _record(self, seq: Sequence, token: int, logprob: float | None, top: Any) -> StepOutput:
+        seq.logprobs.append(logprob)
+        text = record_token(seq, token, self.stop_token_ids, self.max_model_len)
+        index = len(seq.output_ids) - 1
+        return StepOutput(seq.request_id, token, text, logprob, index, seq.finish_reason, top)
+
+    def _count_decode(self, seq: Sequence, chunk: Chunk, produced: int) -> None:
+        counts = self.spec_counts
+        counts.decode_chunks += 1
+        counts.decode_tokens += produced
+        if chunk.draft:
+            counts.proposed += len(chunk.draft)
+            counts.accepted += produced - 1
+            seq.acceptance = SpecPolicy.updated(seq.acceptance, len(chunk.draft), produced - 1)
 
     def _release(self, seq: Sequence) -> None:
         self.blocks.release(seq)

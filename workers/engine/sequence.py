@@ -30,6 +30,9 @@ class Sequence:
     finish_reason: str | None = None
     detokenizer: Any = None  # IncrementalDetokenizer when the engine has a tokenizer
     constraint: Any = None  # structured-output matcher (constraints.py), built on first use
+    # Speculative decoding (speculative.py): the running average of the share of its proposed
+    # tokens the target accepted (None before its first verified proposal).
+    acceptance: float | None = None
 
     @property
     def all_ids(self) -> list[int]:
