@@ -39,7 +39,11 @@ COMMANDS = {
     ),
     "dashboard": (
         "syshax.commands.dashboard",
-        "Run rq-dashboard on the farm's Redis (batch jobs).",
+        "Run the dashboard: rq-dashboard (batch jobs) and the live Farm page.",
+    ),
+    "dead-letters": (
+        "syshax.commands.dead_letters",
+        "List, requeue or drop the jobs workers dead-lettered.",
     ),
 }
 

@@ -1,17 +1,19 @@
-"""`syshax dashboard`: rq-dashboard (batch queue, jobs, workers, failures) on the farm's Redis.
+"""`syshax dashboard`: rq-dashboard (batch queue, jobs, workers, failures) and the Farm page
+(streams, workers, dispatcher, KV leases, ITL tails, dead letters; syshax/farm_page/) in one
+app on the farm's Redis.
 
 Binds 127.0.0.1:9181 by default. HTTP basic auth is on when a password is configured
 (--password, or $RQ_DASHBOARD_PASSWORD), and always when it binds beyond loopback: with none
 configured, a password is generated and shown once on stderr (the dashboard can cancel and
-requeue jobs, so nobody else on the network may reach it unauthenticated). The password is
-handed to rq-dashboard through its environment variable, never on a command line that `ps`
-would show. Jobs are read with the farm's JSON serializer (batch jobs are never pickled).
+requeue jobs, so nobody else on the network may reach it unauthenticated). One check covers
+both pages, their JSON and their actions. Jobs are read with the farm's JSON serializer
+(batch jobs are never pickled).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
+import logging
 import secrets
 import sys
 
@@ -43,22 +45,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "environment variable: a --password is visible to every local user in ps",
     )
     p.add_argument("--url-prefix", default="", help="URL prefix behind a reverse proxy")
+    p.add_argument(
+        "--poll-ms",
+        type=int,
+        default=1000,
+        help="how often the pages refresh themselves, in milliseconds (default: %(default)s)",
+    )
 
 
-def dashboard_argv(args: argparse.Namespace, url: str) -> tuple[list[str], dict[str, str]]:
-    """rq-dashboard's arguments and the environment variables to set (the credentials)."""
-    argv = ["--bind", args.host, "--port", str(args.port), "--redis-url", url, "--json"]
-    if args.url_prefix:
-        argv += ["--url-prefix", args.url_prefix]
-    env: dict[str, str] = {}
+def credentials(args: argparse.Namespace) -> tuple[str, str]:
+    """(username, password) of the dashboard's basic auth; ("", "") = none (loopback only)."""
     from syshax.shared import env as environment
+    from syshax.shared.net import is_loopback
 
     password = args.password or environment.rq_dashboard_password() or ""
     username = args.username or environment.rq_dashboard_username() or ""
     if username and not password:
         raise ValueError("--username needs a password (--password or $RQ_DASHBOARD_PASSWORD)")
-    from syshax.shared.net import is_loopback
-
     if not password and not is_loopback(args.host):
         password = secrets.token_urlsafe(12)
         print(
@@ -68,12 +71,11 @@ def dashboard_argv(args: argparse.Namespace, url: str) -> tuple[list[str], dict[
             file=sys.stderr,
             flush=True,
         )
-    if password:
-        env = {"RQ_DASHBOARD_USERNAME": username or "admin", "RQ_DASHBOARD_PASSWORD": password}
-    return argv, env
+    return (username or "admin", password) if password else ("", "")
 
 
 def run(args: argparse.Namespace) -> int:
+    from syshax.broker.keys import Keys
     from syshax.shared.config import ConfigError, load_config, redact_url
 
     try:
@@ -86,28 +88,40 @@ def run(args: argparse.Namespace) -> int:
         )
         if not url:
             raise ValueError(farm_file.NO_FARM)
-        argv, env = dashboard_argv(args, url)
-        from rq_dashboard.cli import run as dashboard
+        username, password = credentials(args)
+        from syshax.farm_page import FarmPageSettings, make_app
     except (ConfigError, ValueError) as exc:
         print(f"syshax dashboard: error: {exc}", file=sys.stderr)
         return 2
     except ImportError as exc:
         print(f"syshax dashboard: rq-dashboard is not installed ({exc})", file=sys.stderr)
         return 2
-    for key in ("RQ_DASHBOARD_USERNAME", "RQ_DASHBOARD_PASSWORD"):
-        os.environ.pop(key, None)
-    os.environ.update(env)
-    auth = f"basic auth as {env['RQ_DASHBOARD_USERNAME']}" if env else "no authentication"
+    settings = FarmPageSettings(
+        redis_url=url,
+        keys=Keys(cfg.redis.prefix),
+        kv_ttl=cfg.kv.ttl,
+        username=username,
+        password=password,
+        url_prefix=args.url_prefix.rstrip("/"),
+        poll_ms=args.poll_ms,
+    )
+    app = make_app(settings)
+    # Dead-letter actions are logged (who, which job, what it was); Flask's request lines not.
+    logging.getLogger("syshax.broker.dead_letters").setLevel(logging.INFO)
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
+    auth = f"basic auth as {username}" if password else "no authentication"
+    base = f"http://{args.host}:{args.port}{settings.url_prefix}"
     print(
-        f"rq-dashboard on http://{args.host}:{args.port}{args.url_prefix}/ for "
+        f"dashboard on {base}/ (rq's pages) and {base}/farm/ (the Farm page) for "
         f"{redact_url(url)} ({auth})",
         file=sys.stderr,
         flush=True,
     )
     try:
-        dashboard.main(args=argv, prog_name="syshax dashboard", auto_envvar_prefix="RQ_DASHBOARD")
-    except SystemExit as exc:
-        return int(exc.code or 0)
+        app.run(host=args.host, port=args.port, threaded=True)
     except KeyboardInterrupt:
         return 0
+    except OSError as exc:
+        print(f"syshax dashboard: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
+        return 1
     return 0

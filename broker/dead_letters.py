@@ -1,0 +1,206 @@
+"""Dead letters: the jobs a worker set aside (`WorkQueues.dead_letter`), listed, requeued or
+dropped by an operator (the dashboard's Farm page, `syshax dead-letters`).
+
+A dead letter is an entry of `Keys.dead_letter_stream` with the stream it came from, its id
+there, the reason and the job's bytes (`j`). Requeueing puts the job back at the end of its own
+stream, in one MULTI with removing the dead letter, so it is never in both or in neither.
+
+What a requeue changes in the job, and why:
+- its deadline: a dead letter often outlived the one the gateway gave it, and a worker drops an
+  expired job without a word; the job gets its original time budget again, from now;
+- a decode job's KV lease is dropped (the job recomputes its KV from its tokens): the lease
+  has usually expired by then, and a lease that could not be imported may be why it failed;
+- the request's error events are removed from its output stream, so that a resume of the
+  request (GET /v1/requests/{id}/stream) reads the new run, not the old failure.
+A job that cannot be decoded, or came from a stream that is not a work stream of this farm,
+is refused: a worker would only dead-letter it again.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict, dataclass
+
+import msgspec
+import redis
+
+from .keys import DEVICE_CLASSES, KEYS, Keys
+from .kv_store import KVStore
+from .schemas import DecodeJob, PrefillJob, SchemaError, TokenEvent
+
+log = logging.getLogger(__name__)
+MIN_BUDGET_S = 60.0  # a requeued job's time budget when its own was shorter or unknown
+
+
+class DeadLetterError(LookupError):
+    """No such dead letter, or one that cannot be requeued (the message says why)."""
+
+
+@dataclass
+class DeadLetter:
+    id: str  # its id in the dead-letter stream
+    stream: str  # the work stream it came from
+    source_id: str  # its id there
+    reason: str
+    age_s: float | None  # since it was dead-lettered
+    request_id: str = ""  # "" when the job cannot be decoded
+    kind: str = ""  # prefill | decode | "" (undecodable)
+    model: str = ""
+    prompt_tokens: int = 0
+    requeueable: bool = False
+    data: bytes = b""
+
+    def as_dict(self) -> dict:
+        out = asdict(self)
+        out.pop("data")
+        return out
+
+
+def _s(x) -> str:
+    return x.decode() if isinstance(x, bytes) else (x or "")
+
+
+def _kind(stream: str, keys: Keys) -> str:
+    if stream in (keys.prefill_stream, keys.prefill_batch_stream):
+        return "prefill"
+    if stream in {keys.decode_stream(c) for c in DEVICE_CLASSES}:
+        return "decode"
+    return ""
+
+
+def _decode(kind: str, data: bytes) -> PrefillJob | DecodeJob | None:
+    if not kind or not data:
+        return None
+    try:
+        return (PrefillJob if kind == "prefill" else DecodeJob).unpack(data)
+    except SchemaError:
+        return None
+
+
+def _letter(entry_id, fields: dict, keys: Keys, now: float) -> DeadLetter:
+    f = {_s(k): v for k, v in fields.items()}
+    stream, data = _s(f.get("stream")), f.get("j") or b""
+    kind = _kind(stream, keys)
+    job = _decode(kind, data)
+    eid = _s(entry_id)
+    try:
+        age: float | None = round(now - int(eid.split("-", 1)[0]) / 1e3, 1)
+    except ValueError:
+        age = None
+    return DeadLetter(
+        id=eid,
+        stream=stream,
+        source_id=_s(f.get("id")),
+        reason=_s(f.get("reason")),
+        age_s=age,
+        request_id=job.request_id if job else "",
+        kind=kind if job else "",
+        model=job.model if job else "",
+        prompt_tokens=len(job.prompt_ids) if job else 0,
+        requeueable=job is not None,
+        data=data if isinstance(data, bytes) else b"",
+    )
+
+
+def list_dead(
+    r: redis.Redis, keys: Keys = KEYS, count: int = 50, now: float | None = None
+) -> list[DeadLetter]:
+    """The newest `count` dead letters, newest first."""
+    now = time.time() if now is None else now
+    rows = r.xrevrange(keys.dead_letter_stream, count=count)
+    return [_letter(eid, fields, keys, now) for eid, fields in rows]
+
+
+def get_dead(r: redis.Redis, entry_id: str, keys: Keys = KEYS) -> DeadLetter:
+    try:
+        rows = r.xrange(keys.dead_letter_stream, entry_id, entry_id)
+    except redis.ResponseError as exc:  # not a stream id at all
+        raise DeadLetterError(f"no dead letter {entry_id!r}: {exc}") from None
+    if not rows:
+        raise DeadLetterError(f"no dead letter {entry_id!r} (requeued or dropped already?)")
+    return _letter(rows[0][0], rows[0][1], keys, time.time())
+
+
+def _refreshed(job: PrefillJob | DecodeJob, now: float) -> PrefillJob | DecodeJob:
+    """The job with its time budget again from now and, for a decode job, no KV lease."""
+    budget = job.deadline - job.created if job.deadline and job.created else 0.0
+    changes: dict = {"deadline": now + max(budget, MIN_BUDGET_S)} if job.deadline else {}
+    if isinstance(job, DecodeJob):
+        changes["kv"] = None
+    return msgspec.structs.replace(job, **changes)
+
+
+def _error_events(r: redis.Redis, request_id: str, keys: Keys) -> list[str]:
+    """Ids of the error events in a request's output stream."""
+    ids = []
+    for eid, fields in r.xrange(keys.output_stream(request_id)):
+        try:
+            if TokenEvent.unpack(fields.get(b"e", b"")).error:
+                ids.append(_s(eid))
+        except SchemaError:
+            continue
+    return ids
+
+
+def requeue(
+    r: redis.Redis, entry_id: str, keys: Keys = KEYS, who: str = "", now: float | None = None
+) -> DeadLetter:
+    """Put a dead letter's job back on its own stream (see the module's doc for what changes).
+    Raises DeadLetterError when there is no such letter or its job cannot run."""
+    now = time.time() if now is None else now
+    letter = get_dead(r, entry_id, keys)
+    job = _decode(_kind(letter.stream, keys), letter.data)
+    if job is None:
+        why = "not a work stream of this farm" if not _kind(letter.stream, keys) else "undecodable"
+        raise DeadLetterError(
+            f"dead letter {entry_id} cannot be requeued ({why}: a worker would dead-letter it "
+            f"again); drop it instead"
+        )
+    errors = _error_events(r, job.request_id, keys)
+    with r.pipeline(transaction=True) as pipe:
+        # Two operators (or a page and a CLI) requeueing the same letter at once: the letter
+        # is watched, so only the first one's job is queued; the other finds it gone.
+        pipe.watch(keys.dead_letter_stream)
+        if not pipe.xrange(keys.dead_letter_stream, letter.id, letter.id):
+            raise DeadLetterError(f"no dead letter {entry_id!r} (requeued or dropped already?)")
+        pipe.multi()
+        pipe.xadd(letter.stream, {"j": _refreshed(job, now).pack()})
+        pipe.xdel(keys.dead_letter_stream, letter.id)
+        if errors:
+            pipe.xdel(keys.output_stream(job.request_id), *errors)
+        try:
+            pipe.execute()
+        except redis.WatchError:
+            raise DeadLetterError(
+                f"dead letter {entry_id}: the dead letters changed meanwhile; try again"
+            ) from None
+    if isinstance(job, DecodeJob) and job.kv is not None:
+        KVStore(r, keys).free(job.kv.handle_id)  # the requeued job recomputes its KV
+    log.warning(
+        "dead letter %s requeued%s: request %s back on %s (was: %s)",
+        letter.id,
+        f" by {who}" if who else "",
+        job.request_id,
+        letter.stream,
+        letter.reason,
+    )
+    return letter
+
+
+def drop(r: redis.Redis, entry_id: str, keys: Keys = KEYS, who: str = "") -> DeadLetter:
+    """Delete a dead letter for good (and free its decode job's KV lease, if any is left)."""
+    letter = get_dead(r, entry_id, keys)
+    job = _decode(_kind(letter.stream, keys), letter.data)
+    if isinstance(job, DecodeJob) and job.kv is not None:
+        KVStore(r, keys).free(job.kv.handle_id)
+    r.xdel(keys.dead_letter_stream, letter.id)
+    log.warning(
+        "dead letter %s dropped%s: request %s from %s (was: %s)",
+        letter.id,
+        f" by {who}" if who else "",
+        letter.request_id or "(undecodable)",
+        letter.stream,
+        letter.reason,
+    )
+    return letter

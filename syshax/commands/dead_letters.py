@@ -1,0 +1,97 @@
+"""`syshax dead-letters`: the jobs workers set aside, listed, requeued or dropped.
+
+A worker dead-letters a job it must not run (undecodable, another model's, a KV cache it cannot
+import, one its engine failed on): the job is kept in the dead-letter stream with the reason.
+`requeue ID` puts it back on the stream it came from (broker/dead_letters.py says what changes:
+a fresh deadline, a decode job's KV recomputed, the request's error events cleared); `drop ID`
+deletes it. Both ask for confirmation unless --yes, and are logged. The same actions are on
+the dashboard's Farm page.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import sys
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--config",
+        default=None,
+        help="config file (default: $SYSHAX_CONFIG or ~/.config/syshax/config.yaml)",
+    )
+    p.add_argument("--redis-url", default=None, help="Redis of the farm (default: redis.url)")
+    sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    ls = sub.add_parser("list", help="list the newest dead letters with their reasons")
+    ls.add_argument(
+        "--count", type=int, default=50, help="how many, newest first (default: %(default)s)"
+    )
+    for name, what in (("requeue", "put back on its own stream"), ("drop", "delete for good")):
+        one = sub.add_parser(name, help=f"a dead letter's job: {what}")
+        one.add_argument("id", help="the dead letter's id (the first column of `list`)")
+        one.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+
+
+def _print_list(letters) -> None:
+    if not letters:
+        print("no dead letters")
+        return
+    for d in letters:
+        age = f"{d.age_s:.0f}s ago" if d.age_s is not None else "?"
+        request = d.request_id or "(undecodable)"
+        print(f"{d.id}  {age:>10}  {d.stream}  {request}\n    reason: {d.reason}")
+
+
+def _confirmed(action: str, letter, assume_yes: bool) -> bool:
+    if assume_yes:
+        return True
+    if not sys.stdin.isatty():
+        print(
+            f"syshax dead-letters: {action} needs --yes when not run in a terminal", file=sys.stderr
+        )
+        return False
+    what = f"{action} dead letter {letter.id} (request {letter.request_id or '?'}, {letter.reason})"
+    return input(f"{what}? [y/N] ").strip().lower() in ("y", "yes")
+
+
+def run(args: argparse.Namespace) -> int:
+    import redis
+
+    from syshax.broker import dead_letters
+    from syshax.broker.keys import Keys
+    from syshax.shared import farm_file
+    from syshax.shared.config import ConfigError, load_config, resolve_config_path
+
+    try:
+        cfg = load_config(args.config)
+    except ConfigError as exc:
+        print(f"syshax dead-letters: {exc}", file=sys.stderr)
+        return 2
+    url = farm_file.redis_url(args.redis_url, cfg, resolve_config_path(args.config), "dead-letters")
+    if not url:
+        print(f"syshax dead-letters: {farm_file.NO_FARM}", file=sys.stderr)
+        return 2
+    r = redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=5)
+    keys = Keys(cfg.redis.prefix)
+    try:
+        if args.action == "list":
+            _print_list(dead_letters.list_dead(r, keys, args.count))
+            return 0
+        letter = dead_letters.get_dead(r, args.id, keys)
+        if not _confirmed(args.action, letter, args.yes):
+            print("nothing done")
+            return 1
+        do = dead_letters.requeue if args.action == "requeue" else dead_letters.drop
+        do(r, args.id, keys, who=f"{getpass.getuser()} (cli)")
+        print(
+            f"{args.id}: "
+            + ("requeued on " + letter.stream if args.action == "requeue" else "dropped")
+        )
+        return 0
+    except dead_letters.DeadLetterError as exc:
+        print(f"syshax dead-letters: {exc}", file=sys.stderr)
+        return 1
+    except redis.ConnectionError as exc:
+        print(f"syshax dead-letters: Redis unreachable: {exc}", file=sys.stderr)
+        return 1
