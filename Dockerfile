@@ -1,6 +1,6 @@
 # One Dockerfile for every part of the farm. The default image is CPU-only (gateway, CPU
 # workers, batch, dashboard); the xPU worker's image is built with CUDA PyTorch and, for
-# gpu.engine: vllm, vLLM (compose.yaml builds both):
+# xpu.engine: vllm, vLLM (compose.yaml builds both):
 #   docker build -t syshax-farm:cpu .
 #   docker build --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu128 --build-arg EXTRAS=vllm -t syshax-farm:gpu .
 # vLLM 0.32 pins torch 2.13.0, the version pinned here, so both come from the CUDA index.

@@ -9,7 +9,8 @@ from pathlib import Path
 
 from syshax.shared.config import Config, derive_model_name
 from syshax.shared.config_schema import LimitsConfig
-from syshax.shared.models import GGUF_MAGIC, default_model_path, read_gguf_metadata
+from syshax.shared.default_model import default_model_path
+from syshax.shared.gguf_reader import GGUF_MAGIC, read_gguf_metadata
 
 # The defaults this dataclass shares with the farm's Config are read from it, so a bare
 # ApiSettings() (tests, library use) and a farm with no config file agree.

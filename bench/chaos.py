@@ -3,15 +3,15 @@ restarted at random; counts what a client would notice.
 
     python bench/chaos.py                      # 100 requests, 3 decode workers, a kill every 2 s
     python bench/chaos.py --requests 300 --kill-every 1 --kill-prefill --prefill-workers 2
-    python bench/chaos.py --engine model --requests 30 --max-tokens 32 --decode-workers 2
+    python bench/chaos.py --engine native --requests 30 --max-tokens 32 --decode-workers 2
 
-With `--engine model` the workers run the real model (the config's default, or --model) on its
+With `--engine native` the workers run the real model (the config's default, or --model) on its
 CPU defaults, one thread each, and a request's expected output is its greedy run alone on an
 in-process engine: a handoff, a recompute after a kill or a different batch must not change a
 single token.
 
 The farm: an embedded Redis, `syshax gateway`, prefill worker(s) (`--roles prefill
---device-class gpu`) and decode workers (`--roles decode --device-class cpu`), all with the
+--device-class xpu`) and decode workers (`--roles decode --device-class cpu`), all with the
 zero-cost echo engine (`--engine echo --step-delay S`: output token i = prompt token i, so every
 request's exact output is known). Each kill is a SIGKILL of a worker that is running sequences,
 followed at once by a replacement (as `syshax run` restarts a child). Requests use the official
@@ -51,7 +51,7 @@ from syshax.broker.keys import DEVICE_CLASSES, KEYS
 from syshax.broker.kv_store import KVStore
 from syshax.broker.schemas import TokenEvent
 from syshax.shared.config import Config, save_config
-from syshax.shared.models import default_model_path
+from syshax.shared.default_model import default_model_path
 from syshax.shared.sampling import SamplingParams
 from syshax.shared.tokenizer import Tokenizer
 
@@ -98,7 +98,7 @@ class Farm:
         self.r = redis.Redis.from_url(self.redis.url)
         cfg = Config()
         cfg.redis.url, cfg.max_model_len = self.redis.url, 1024
-        cfg.cpu_max_batch_size = cfg.gpu.max_batch_size = args.slots
+        cfg.cpu_max_batch_size = cfg.xpu.max_batch_size = args.slots
         if args.model:
             cfg.model = str(args.model)
         self.config = tmp / "config.yaml"
@@ -120,7 +120,7 @@ class Farm:
             self.serial += 1
             name = f"{role}-{self.serial}"
         a = self.args
-        cls, delay = ("gpu", a.prefill_delay) if role == "prefill" else ("cpu", a.step_delay)
+        cls, delay = ("xpu", a.prefill_delay) if role == "prefill" else ("cpu", a.step_delay)
         argv = [
             "worker",
             "--engine",
@@ -288,9 +288,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     opt = p.add_argument
-    opt("--engine", choices=("echo", "model"), default="echo",
+    opt("--engine", choices=("echo", "native"), default="echo",
         help="the workers' engine: the zero-cost echo stand-in or the real model (default %(default)s)")  # fmt: skip
-    opt("--model", type=Path, help="with --engine model: the model (default: the config's default)")
+    opt(
+        "--model", type=Path, help="with --engine native: the model (default: the config's default)"
+    )
     opt("--requests", type=int, default=100, help="streaming requests (default %(default)s)")
     opt("--concurrency", type=int, default=20, help="requests at once (default %(default)s)")
     opt("--max-tokens", type=int, default=80, help="tokens per request (default %(default)s)")

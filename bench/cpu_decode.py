@@ -46,7 +46,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 import engine as engine_bench  # noqa: E402
 import gguf_convert  # noqa: E402
-from syshax.shared.models import default_model_path, read_gguf_info  # noqa: E402
+from syshax.shared.default_model import default_model_path  # noqa: E402
+from syshax.shared.gguf_reader import read_gguf_info
 
 # format -> (GGUF type of the converted file, Engine quantize=, bytes per weight)
 FORMATS: dict[str, tuple[str | None, str | None, float]] = {

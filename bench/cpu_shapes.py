@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> None:
 
     # Only the threads and the machine here (each child makes its prompts from its file); the
     # bundled model has the tokenizer every shape uses, so nothing warns about a missing one.
-    from syshax.shared.models import default_model_path
+    from syshax.shared.default_model import default_model_path
 
     threads, _, info = engine_bench.setup(args, default_model_path())
     info["model"] = f"{args.shape} shape, random weights"

@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from syshax.shared.models import default_model_path, read_gguf_metadata
+from syshax.shared.default_model import default_model_path
+from syshax.shared.gguf_reader import read_gguf_metadata
 
 TEXT = (
     "The history of computing is a story of machines that learned to do arithmetic faster than "

@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
     if args.src is None:
-        from syshax.shared.models import default_model_path
+        from syshax.shared.default_model import default_model_path
 
         args.src = default_model_path()
     if args.dst is None:

@@ -43,7 +43,7 @@ _Q8_SCALE = np.float16(0.02 / 73)  # uniform int8 quants have a standard deviati
 
 def _tokenizer_fields(writer: gguf.GGUFWriter) -> int:
     """Copy the bundled SmolLM2's tokenizer.* keys; returns its vocabulary size."""
-    from syshax.shared.models import default_model_path
+    from syshax.shared.default_model import default_model_path
 
     reader = gguf.GGUFReader(default_model_path())
     vocab = 0

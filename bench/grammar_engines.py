@@ -75,7 +75,7 @@ def _byte_decoder() -> dict[str, int]:
 
 def vocabularies(seed: int) -> tuple[Any, list[bytes], list[bytes], int]:
     """(SmolLM2's tokenizer, its tokens as bytes, the 152k token list, eos id)."""
-    from syshax.shared.models import default_model_path
+    from syshax.shared.default_model import default_model_path
     from syshax.shared.tokenizer import Tokenizer
 
     tok = Tokenizer.from_model_path(default_model_path())

@@ -4,7 +4,7 @@ capacity at the SLO (issue 14).
 
     python bench/hetero.py --levels 1,4,8,16,32 --slo-itl-ms 50 --json hetero.json
 
-The xPU is EMULATED (`gpu.engine: emulated`, docs/emulated-accelerator.md): its steps are
+The xPU is EMULATED (`xpu.engine: emulated`, docs/emulated-accelerator.md): its steps are
 sleeps of the time `--profile` predicts for the farm's model, its text is meaningless, and it
 uses no CPU; the CPU decode workers run the real model (on the zeroed KV it hands off).
 
@@ -13,7 +13,7 @@ Design:
   the SSE parsed by hand, since on a small host it shares the cores with the farm it measures;
   `--max-concurrency` per level): the level *is* the
   number of streams in flight, so "saturated" has a plain meaning: more streams than the xPU
-  has slots (`--xpu-slots`, gpu.max_batch_size). A fresh farm per mode (no state or prefix
+  has slots (`--xpu-slots`, xpu.max_batch_size). A fresh farm per mode (no state or prefix
   cache carried over), the same prompts at a level in every mode, fresh prompts per level.
 - The xPU's slots are few on purpose (default 4) and the profile is the slowest (a10): at
   the 135M default model an emulated step takes well under 1 ms, so with the default 16 slots
@@ -189,10 +189,10 @@ def farm_args(args: argparse.Namespace, mode: str) -> argparse.Namespace:
     slots, free metrics ports (the xPU's is scraped), all else the defaults."""
     from syshax.broker.embedded import free_port
 
-    gpu_port, cpu_port = free_port(), free_port()
-    settings: dict[str, Any] = {"decode_device": mode, "cpu_max_batch_size": args.cpu_slots, "gpu": {"engine": "emulated", "profile": args.profile, "max_batch_size": args.xpu_slots, "port": gpu_port}, "cpu": {"port": cpu_port, "threads": args.cpu_threads, **({} if args.cpu_nice is None else {"nice": args.cpu_nice}), **({} if args.cpu_sched_idle is None else {"sched_idle": args.cpu_sched_idle})}, "slo": {"itl_ms": args.slo_itl_ms}}  # fmt: skip
+    xpu_port, cpu_port = free_port(), free_port()
+    settings: dict[str, Any] = {"decode_device": mode, "cpu_max_batch_size": args.cpu_slots, "xpu": {"engine": "emulated", "profile": args.profile, "max_batch_size": args.xpu_slots, "port": xpu_port}, "cpu": {"port": cpu_port, "threads": args.cpu_threads, **({} if args.cpu_nice is None else {"nice": args.cpu_nice}), **({} if args.cpu_sched_idle is None else {"sched_idle": args.cpu_sched_idle})}, "slo": {"itl_ms": args.slo_itl_ms}}  # fmt: skip
     ns = argparse.Namespace(**vars(args))
-    ns.__dict__.update(launch="emulated", farm_settings=settings, max_batch_size=None, threads=None, against=None, model=None, api_key="unused", goodput=None, max_concurrency=None, metrics_url=f"http://127.0.0.1:{gpu_port}/metrics")  # fmt: skip
+    ns.__dict__.update(launch="emulated", farm_settings=settings, max_batch_size=None, threads=None, against=None, model=None, api_key="unused", goodput=None, max_concurrency=None, metrics_url=f"http://127.0.0.1:{xpu_port}/metrics")  # fmt: skip
     return ns
 
 
@@ -228,7 +228,7 @@ def wait_workers(url: str, n_cpu: int, timeout: float) -> None:
     while time.monotonic() < deadline:
         with contextlib.suppress(httpx.HTTPError, ValueError, KeyError, TypeError):
             dec = httpx.get(f"{root}/health", timeout=2.0).json()["workers"]["decode"]
-            if dec.get("gpu", 0) >= 1 and dec.get("cpu", 0) >= n_cpu:
+            if dec.get("xpu", 0) >= 1 and dec.get("cpu", 0) >= n_cpu:
                 return
         time.sleep(0.25)
     raise SystemExit(f"the farm at {root} did not report 1 xPU and {n_cpu} CPU decode worker(s) within {timeout:.0f}s")  # fmt: skip
@@ -309,8 +309,8 @@ SERVE_OPTIONS = ("--client", "--endpoint", "--input-len", "--output-len", "--see
 OPTIONS: list[tuple[str, dict[str, Any]]] = [
     ("--levels", {"type": _ints, "default": [1, 4, 8, 16, 32], "metavar": "C,C,...", "help": "closed-loop levels: streams in flight (default 1,4,8,16,32)"}),
     ("--slo-itl-ms", {"type": float, "default": 50.0, "help": "slo.itl_ms of the auto farm, and the bar of the CPU capacity and the done-when (default %(default)s)"}),
-    ("--profile", {"default": "a10", "help": "gpu.profile of the EMULATED xPU: h100, a100-40gb, a10 (the slowest) or a profile file (default %(default)s)"}),
-    ("--xpu-slots", {"type": int, "default": 4, "help": "gpu.max_batch_size: streams the EMULATED xPU runs at once; levels above it saturate it (default %(default)s)"}),
+    ("--profile", {"default": "a10", "help": "xpu.profile of the EMULATED xPU: h100, a100-40gb, a10 (the slowest) or a profile file (default %(default)s)"}),
+    ("--xpu-slots", {"type": int, "default": 4, "help": "xpu.max_batch_size: streams the EMULATED xPU runs at once; levels above it saturate it (default %(default)s)"}),
     ("--cpu-slots", {"type": int, "default": 8, "help": "cpu_max_batch_size: streams per CPU decode worker (default %(default)s)"}),
     ("--cpu-threads", {"type": int, "help": "cpu.threads of each CPU decode worker (default: syshax's, half the cores)"}),
     ("--cpu-nice", {"type": int, "help": "cpu.nice of the CPU decode workers, 0-19 (default: syshax's, 10; with --no-cpu-sched-idle)"}),
@@ -356,7 +356,7 @@ def main(argv: list[str] | None = None) -> None:
         f"Date {date}; machine: {m['cpu']}, {m['cores']} cores, Python {m['python']}, {m['platform']}.",  # fmt: skip
         f"Command: `{shlex.join(['python', *sys.argv])}`",
         "",
-        f"**The xPU is EMULATED** (gpu.engine: emulated, profile {args.profile}): no accelerator ran; each xPU step slept for the time the profile predicts for this model, and its text is meaningless. The CPU decode workers are real.",  # fmt: skip
+        f"**The xPU is EMULATED** (xpu.engine: emulated, profile {args.profile}): no accelerator ran; each xPU step slept for the time the profile predicts for this model, and its text is meaningless. The CPU decode workers are real.",  # fmt: skip
         f"Farm: xPU {args.xpu_slots} slots (predicted decode step at {args.xpu_slots} streams: {f'{step:.2f} ms' if step else '?'}, so it saturates above {args.xpu_slots} streams), {args.cpu_workers or 1} CPU decode worker(s) x {args.cpu_slots} slots, cpu.threads {args.cpu_threads or 'default'}, cpu.nice {'default' if args.cpu_nice is None else args.cpu_nice}, cpu.sched_idle {'default' if args.cpu_sched_idle is None else args.cpu_sched_idle}, slo.itl_ms {args.slo_itl_ms:g} (auto only). Closed loop, {args.input_len} prompt tokens, {args.output_len} output tokens (ignore_eos), requests per level max({args.num_prompts}, {args.rounds} x level).",  # fmt: skip
     ]
     res = {"cpu": run_mode(args, "cpu", args.capacity_levels, prompts, warm)}

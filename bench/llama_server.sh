@@ -6,7 +6,7 @@
 # it. About 10-15 minutes on 2 cores.
 #
 #   bench/llama_server.sh [--force] [DIR]     # default DIR: ~/.cache/syshax/llama-server
-#   python bench/serve.py --launch model --against llama-server --llama-server DIR/llama-server
+#   python bench/serve.py --launch native --against llama-server --llama-server DIR/llama-server
 #
 # An existing DIR/llama-server is kept unless --force. The web UI is left out (its assets would
 # be downloaded from Hugging Face) and so is HTTPS. AMX is left out as in llama_native.sh: VMs
@@ -48,4 +48,4 @@ for tool in llama-perplexity llama-quantize llama-server; do
     mv "$DEST/$tool.tmp" "$DEST/$tool"
 done
 "$DEST/llama-server" --version
-echo "built: python bench/serve.py --launch model --against llama-server --llama-server $DEST/llama-server"
+echo "built: python bench/serve.py --launch native --against llama-server --llama-server $DEST/llama-server"

@@ -14,7 +14,7 @@ starts after a launched farm has stopped; with --launch none, the external farm 
 llama.cpp's server (build it with bench/llama_server.sh), started by the script on the farm's
 GGUF after the farm stopped: one server at a time, one light asyncio client for both.
 
-    python bench/serve.py --launch model --against llama-server --num-prompts 32 --input-len 128 --output-len 64 --concurrency-list 1,4,16
+    python bench/serve.py --launch native --against llama-server --num-prompts 32 --input-len 128 --output-len 64 --concurrency-list 1,4,16
 """
 
 from __future__ import annotations
@@ -41,6 +41,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from syshax.workers.settings import ENGINE_ALIASES
+
+from syshax.commands.renamed import with_old_names
 
 _WORD_TEXT = (
     "the of and to in is was for on that with as by at from his her an be this which or had are not but have it one all were "
@@ -89,7 +92,7 @@ class Rec:
 def load_tokenizer(name: str) -> Any:
     if name == "none":
         return None
-    from syshax.shared.models import default_model_path
+    from syshax.shared.default_model import default_model_path
     from syshax.shared.tokenizer import Tokenizer
 
     return Tokenizer.from_model_path(default_model_path() if name == "default" else Path(name))
@@ -259,7 +262,7 @@ def wait_health(url: str, procs: dict[str, subprocess.Popen], logdir: Path, time
 
 def farm_settings(args: argparse.Namespace) -> dict[str, Any]:
     """The keys a launched farm's config file sets (the rest: defaults): `model` with --load,
-    plus any `args.farm_settings` (nested sections, e.g. {"gpu": {"engine": "emulated"}});
+    plus any `args.farm_settings` (nested sections, e.g. {"xpu": {"engine": "emulated"}});
     empty = no file (the farm reads the usual config)."""
     settings = dict(getattr(args, "farm_settings", None) or {})
     if args.load:
@@ -310,7 +313,7 @@ def launched_farm(args: argparse.Namespace, info: dict[str, Any] | None = None) 
     threads = ["--threads", str(args.threads)] if args.threads else []
     xpu_threads_arg = threads or (["--threads", str(xpu_threads)] if xpu_threads else [])
     cmds = {"gateway": cli + ["gateway", "--port", str(port), "--log-level", "warning"] + cfg_args}  # fmt: skip
-    cmds["xpu-worker"] = cli + worker + ["--engine", xpu_engine] + xpu_threads_arg + ["--roles", "prefill,decode", "--device-class", "gpu"]  # fmt: skip
+    cmds["xpu-worker"] = cli + worker + ["--engine", xpu_engine] + xpu_threads_arg + ["--roles", "prefill,decode", "--device-class", "xpu"]  # fmt: skip
     for i in range(n_cpu):
         cmds[f"cpu-worker-{i}"] = cli + worker + ["--engine", cpu_engine] + threads + ["--roles", "decode", "--device", "cpu", "--device-class", "cpu"]  # fmt: skip
     procs: dict[str, subprocess.Popen] = {}
@@ -410,7 +413,7 @@ def launched_llama_server(args: argparse.Namespace, info: dict[str, Any]) -> Ite
 def build_engine(args: argparse.Namespace, tok: Any) -> Any:
 
     cfg = farm_config(args)
-    slots = args.max_batch_size or cfg.gpu.max_batch_size
+    slots = args.max_batch_size or cfg.xpu.max_batch_size
     if args.launch == "echo":
         from syshax.workers.echo_engine import EchoEngine
 
@@ -421,7 +424,7 @@ def build_engine(args: argparse.Namespace, tok: Any) -> Any:
     from syshax.workers.engine.loader import resolve_model_path
 
     torch.set_num_threads(args.threads or os.cpu_count() or 1)
-    device = cfg.gpu.device
+    device = cfg.xpu.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     path = resolve_model_path(cfg.model)
@@ -629,7 +632,7 @@ OPTIONS: list[tuple[str, dict[str, Any]]] = [
     ("--tokenizer-model", {"default": "default", "help": "tokenizer to cut prompts to exact token counts: 'default' (the bundled model), a model path, or 'none' (one word ~ one token; not with --direct) (default %(default)s)"}),
     ("--goodput", {"nargs": "+", "type": _slo, "metavar": "KEY:MS", "help": "SLOs for goodput, e.g. ttft:500 tpot:50 (e2el:MS too): requests meeting all of them"}),
     ("--json", {"type": Path, "help": "also save config, date, machine, summaries and per-request data to this JSON file"}),
-    ("--launch", {"choices": ("none", "echo", "model"), "default": "none", "help": "start a farm for the run (embedded Redis, gateway, workers) with this engine and stop it after; none = use --base-url (default %(default)s)"}),
+    ("--launch", {"choices": ("none", "echo", "native"), "type": with_old_names("--launch", ENGINE_ALIASES), "default": "none", "help": "start a farm for the run (embedded Redis, gateway, workers) with this engine (native = ours, the model; model, its old name, is accepted) and stop it after; none = use --base-url (default %(default)s)"}),
     ("--load", {"type": Path, "help": "model a launched farm and the direct engine load (a config with only `model` set; default: the config's), and the GGUF llama-server loads unless --gguf"}),
     ("--set", {"type": _setting, "action": "append", "metavar": "KEY=VALUE", "help": "a config key of a launched farm (dotted for sections: kv.prefix_caching=false), repeatable; checked as `syshax config KEY VALUE` checks it"}),
     ("--cpu-workers", {"type": int, "help": "CPU decode workers of a launched farm (default: what `syshax run` starts: none without an accelerator)"}),

@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> None:
 
     folder = args.model
     if folder is None:
-        from syshax.shared.models import default_model_path
+        from syshax.shared.default_model import default_model_path
         from syshax.workers.engine.hf_export import export_hf
 
         folder = Path(tempfile.mkdtemp()) / "model"

@@ -1,11 +1,11 @@
-"""Where does a decode job go: the xPU (`gpu`) or the CPU (`cpu`)? Pure logic, no Redis.
+"""Where does a decode job go: the xPU (`xpu`) or the CPU (`cpu`)? Pure logic, no Redis.
 
 The prefill worker asks right after prefill, with a snapshot of each device class built from
 the workers' heartbeats and the decode streams. The policy, in order:
 
 0. `decode_device`: `xpu` (what `auto_pd_offload: false` means) or `cpu` force a class while
    it has a live decoder; `auto` applies the rules below.
-1. No live CPU decode worker -> gpu. No live gpu decoder -> cpu.
+1. No live CPU decode worker -> xpu. No live xpu decoder -> cpu.
 2. With an inter-token-latency SLO (`slo_itl_s`): the xPU takes the job while it has room and
    its predicted inter-token latency with one more stream stays within the SLO; else the CPU
    takes it if it has room and its prediction stays within the SLO; else it queues on the
@@ -34,7 +34,9 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
-GPU, CPU = "gpu", "cpu"
+from .keys import DEVICE_CLASSES
+
+XPU, CPU = DEVICE_CLASSES  # "xpu", "cpu"
 DECODE_DEVICES = ("auto", "xpu", "cpu")
 
 
@@ -128,12 +130,12 @@ class Dispatcher:
         if self.slo_itl_s is not None and not self.slo_itl_s > 0:
             raise ValueError(f"slo_itl_s must be > 0 seconds or None, not {self.slo_itl_s!r}")
 
-    def choose(self, gpu: DeviceLoad, cpu: DeviceLoad, remaining_tokens: int) -> Decision:
-        decision = self._choose(gpu, self._cap_cpu(cpu), max(remaining_tokens, 1))
+    def choose(self, xpu: DeviceLoad, cpu: DeviceLoad, remaining_tokens: int) -> Decision:
+        decision = self._choose(xpu, self._cap_cpu(cpu), max(remaining_tokens, 1))
         self.history = (self.history + [decision])[-100:]
         return decision
 
-    def take_queued(self, gpu: DeviceLoad, cpu: DeviceLoad) -> Decision | None:
+    def take_queued(self, xpu: DeviceLoad, cpu: DeviceLoad) -> Decision | None:
         """Rule 2's queue seen from a CPU worker with a free slot: take one decode queued on
         the xPU's stream (None = leave it there). Only under the SLO rule with decode_device
         auto, only while the xPU has no room for what waits (else its worker takes it next),
@@ -141,7 +143,7 @@ class Dispatcher:
         it runs nothing)."""
         if self.slo_itl_s is None or self.decode_device != "auto" or not self.auto_pd_offload:
             return None
-        if gpu.workers == 0 or gpu.load <= gpu.capacity:
+        if xpu.workers == 0 or xpu.load <= xpu.capacity:
             return None
         cpu = self._cap_cpu(cpu)
         itl = cpu.predicted_itl(tail=True)
@@ -149,59 +151,59 @@ class Dispatcher:
         if not cpu.has_room() or not within:
             return None
         slo_ms = self.slo_itl_s * 1e3
-        why = f"taken from the full xPU's queue ({gpu.load}/{gpu.capacity}): CPU within the SLO ({_ms(itl)} <= {slo_ms:.0f} ms)"  # fmt: skip
+        why = f"taken from the full xPU's queue ({xpu.load}/{xpu.capacity}): CPU within the SLO ({_ms(itl)} <= {slo_ms:.0f} ms)"  # fmt: skip
         decision = Decision(CPU, why, "slo_take")
         self.history = (self.history + [decision])[-100:]
         return decision
 
-    def offloads_next(self, gpu: DeviceLoad, cpu: DeviceLoad) -> bool:
+    def offloads_next(self, xpu: DeviceLoad, cpu: DeviceLoad) -> bool:
         """Whether a sequence prefilled now would go to the CPU (nothing recorded): an xPU
         worker with full decode slots then prefills a waiting prompt for it."""
-        return self._choose(gpu, self._cap_cpu(cpu), 1).device == CPU
+        return self._choose(xpu, self._cap_cpu(cpu), 1).device == CPU
 
     def _cap_cpu(self, cpu: DeviceLoad) -> DeviceLoad:
         cap = min(cpu.capacity, self.cpu_max_batch_size * max(cpu.workers, 1))
         return dataclasses.replace(cpu, capacity=cap)
 
-    def _choose(self, gpu: DeviceLoad, cpu: DeviceLoad, tokens: int) -> Decision:
+    def _choose(self, xpu: DeviceLoad, cpu: DeviceLoad, tokens: int) -> Decision:
         if not self.auto_pd_offload:
-            return Decision(GPU, "auto_pd_offload is false", "decode_device")
+            return Decision(XPU, "auto_pd_offload is false", "decode_device")
         if self.decode_device == "xpu":
-            return Decision(GPU, "decode_device is xpu", "decode_device")
+            return Decision(XPU, "decode_device is xpu", "decode_device")
         if cpu.workers == 0:
-            return Decision(GPU, "no CPU decode worker", "no_cpu_decoder")
+            return Decision(XPU, "no CPU decode worker", "no_cpu_decoder")
         if self.decode_device == "cpu":
             return Decision(CPU, "decode_device is cpu", "decode_device")
-        if gpu.workers == 0:
+        if xpu.workers == 0:
             return Decision(CPU, "no xPU decode worker", "no_xpu_decoder")
-        gpu_room, cpu_room = gpu.has_room(), cpu.has_room()
+        xpu_room, cpu_room = xpu.has_room(), cpu.has_room()
         if self.slo_itl_s is not None:
-            return self._by_slo(gpu, cpu, gpu_room, cpu_room)
-        if not cpu_room and not gpu_room:
+            return self._by_slo(xpu, cpu, xpu_room, cpu_room)
+        if not cpu_room and not xpu_room:
             # Both full: queue where the wait per slot is shorter.
-            gpu_wait = gpu.load / max(gpu.capacity, 1)
+            xpu_wait = xpu.load / max(xpu.capacity, 1)
             cpu_wait = cpu.load / max(cpu.capacity, 1)
-            if cpu_wait < gpu_wait:
+            if cpu_wait < xpu_wait:
                 return Decision(CPU, "both full; shorter CPU queue", "capacity")
-            return Decision(GPU, "both full; shorter xPU queue", "capacity")
+            return Decision(XPU, "both full; shorter xPU queue", "capacity")
         if not cpu_room:
-            return Decision(GPU, "CPU at capacity", "capacity")
-        if not gpu_room:
+            return Decision(XPU, "CPU at capacity", "capacity")
+        if not xpu_room:
             return Decision(CPU, "xPU at capacity", "capacity")
-        gpu_speed, cpu_speed = gpu.per_sequence_tps(), cpu.per_sequence_tps()
-        if gpu_speed > 0 and cpu_speed > 0:
-            gpu_finish, cpu_finish = tokens / gpu_speed, tokens / cpu_speed
-            if cpu_finish <= gpu_finish * self.cpu_tail_tolerance:
-                why = f"CPU finishes first ({cpu_finish:.1f}s vs {gpu_finish:.1f}s)"
+        xpu_speed, cpu_speed = xpu.per_sequence_tps(), cpu.per_sequence_tps()
+        if xpu_speed > 0 and cpu_speed > 0:
+            xpu_finish, cpu_finish = tokens / xpu_speed, tokens / cpu_speed
+            if cpu_finish <= xpu_finish * self.cpu_tail_tolerance:
+                why = f"CPU finishes first ({cpu_finish:.1f}s vs {xpu_finish:.1f}s)"
                 return Decision(CPU, why, "speed")
-            why = f"xPU finishes first ({gpu_finish:.1f}s vs {cpu_finish:.1f}s)"
-            return Decision(GPU, why, "speed")
+            why = f"xPU finishes first ({xpu_finish:.1f}s vs {cpu_finish:.1f}s)"
+            return Decision(XPU, why, "speed")
         # No measurements yet: balance by the fraction of capacity in use.
-        if cpu.load / cpu.capacity < gpu.load / gpu.capacity:
+        if cpu.load / cpu.capacity < xpu.load / xpu.capacity:
             return Decision(CPU, "CPU less loaded (no speed measured yet)", "balance")
-        return Decision(GPU, "xPU less loaded (no speed measured yet)", "balance")
+        return Decision(XPU, "xPU less loaded (no speed measured yet)", "balance")
 
-    def _by_slo(self, gpu: DeviceLoad, cpu: DeviceLoad, gpu_room: bool, cpu_room: bool) -> Decision:
+    def _by_slo(self, xpu: DeviceLoad, cpu: DeviceLoad, xpu_room: bool, cpu_room: bool) -> Decision:
         """Rule 2: the xPU first while it keeps the SLO, then the CPU while it keeps it.
 
         A class not measured yet is trusted with a job: its first steps measure it. The CPU
@@ -209,10 +211,10 @@ class Dispatcher:
         all land past the SLO before the first measurement says so); the xPU's worker takes
         jobs only as it has slots, so trusting it costs nothing."""
         slo_ms = self.slo_itl_s * 1e3
-        gpu_itl, cpu_itl = gpu.predicted_itl(tail=True), cpu.predicted_itl(tail=True)
-        if gpu_room and (gpu_itl is None or gpu_itl <= self.slo_itl_s):
-            why = f"xPU within the SLO ({_ms(gpu_itl)} <= {slo_ms:.0f} ms)"
-            return Decision(GPU, why, "slo")
+        xpu_itl, cpu_itl = xpu.predicted_itl(tail=True), cpu.predicted_itl(tail=True)
+        if xpu_room and (xpu_itl is None or xpu_itl <= self.slo_itl_s):
+            why = f"xPU within the SLO ({_ms(xpu_itl)} <= {slo_ms:.0f} ms)"
+            return Decision(XPU, why, "slo")
         cpu_probe = cpu_itl is None and cpu.load == 0
         if cpu_room and (cpu_probe or (cpu_itl is not None and cpu_itl <= self.slo_itl_s)):
             why = f"CPU within the SLO ({_ms(cpu_itl)} <= {slo_ms:.0f} ms)"
@@ -220,8 +222,8 @@ class Dispatcher:
         # Neither takes one more stream within the SLO: the job waits on the xPU's stream,
         # which its worker takes from only as slots free up. Queued on the CPU it would start
         # there as soon as the CPU had a slot, past the SLO.
-        return Decision(GPU, "queued on the xPU: " + "; ".join(
-            [_why_not("xPU", gpu_room, gpu_itl, slo_ms, gpu.load, gpu.capacity),
+        return Decision(XPU, "queued on the xPU: " + "; ".join(
+            [_why_not("xPU", xpu_room, xpu_itl, slo_ms, xpu.load, xpu.capacity),
              _why_not("CPU", cpu_room, cpu_itl, slo_ms, cpu.load, cpu.capacity)]), "slo_queue")  # fmt: skip
 
 

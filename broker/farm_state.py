@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import redis
 
-from .keys import KEYS, Keys
+from .keys import DEVICE_CLASSES, KEYS, Keys
 from .kv_store import KVStore
 from .worker_io import live_workers
 
@@ -14,13 +14,13 @@ def snapshot(r: redis.Redis, keys: Keys = KEYS) -> dict:
     waiting and taken entries, the last dispatcher decisions and their counts, KV leases."""
 
     streams = {"prefill": keys.prefill_stream, "prefill:batch": keys.prefill_batch_stream}
-    streams.update({f"decode:{c}": keys.decode_stream(c) for c in ("gpu", "cpu")})
+    streams.update({f"decode:{c}": keys.decode_stream(c) for c in DEVICE_CLASSES})
     pipe = r.pipeline()
     for s in streams.values():
         pipe.xlen(s)
         pipe.xpending(s, keys.decode_group)
     pipe.lrange(keys.dispatch_log, 0, 9)
-    for c in ("gpu", "cpu"):
+    for c in DEVICE_CLASSES:
         pipe.get(keys.dispatch_count(c))
     replies = pipe.execute(raise_on_error=False)
     queues = {}
@@ -31,7 +31,7 @@ def snapshot(r: redis.Redis, keys: Keys = KEYS) -> dict:
         queues[name] = (max(length - taken, 0), taken)
     rest = replies[2 * len(streams) :]
     decisions = [d.decode() if isinstance(d, bytes) else d for d in rest[0]]
-    counts = {c: int(v or 0) for c, v in zip(("gpu", "cpu"), rest[1:], strict=True)}
+    counts = {c: int(v or 0) for c, v in zip(DEVICE_CLASSES, rest[1:], strict=True)}
     leases, nbytes = KVStore(r, keys).stats()
     return {
         "workers": sorted(

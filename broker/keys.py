@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-DEVICE_CLASSES = ("gpu", "cpu")
+DEVICE_CLASSES = ("xpu", "cpu")
 
 
 def farm_tag(address: str, prefix: str) -> str:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import redis
 
 from . import itl_tails
-from .keys import KEYS, Keys
+from .keys import DEVICE_CLASSES, KEYS, Keys
 from .liveness import HEARTBEAT_TTL, is_alive
 from .schemas import SchemaError, TokenEvent
 
@@ -347,7 +347,7 @@ def device_loads(r: redis.Redis, workers: list[dict[str, str]], keys: Keys = KEY
     """DeviceLoad per device class, from live heartbeats and the decode streams (dispatcher input)."""
     from .dispatcher import DeviceLoad
 
-    loads = {cls: DeviceLoad() for cls in ("gpu", "cpu")}
+    loads = {cls: DeviceLoad() for cls in DEVICE_CLASSES}
     for w in workers:
         if "decode" not in w.get("roles", "").split(","):
             continue
@@ -390,7 +390,7 @@ def device_loads(r: redis.Redis, workers: list[dict[str, str]], keys: Keys = KEY
     # Prompts waiting for a prefill will each take a slot of the class that prefills them:
     # a class whose every slot is held while prompts wait has no room for one more stream.
     prefill_classes = {w.get("device_class") for w in workers if "prefill" in w.get("roles", "").split(",")}  # fmt: skip
-    for cls in ("gpu", "cpu"):
+    for cls in DEVICE_CLASSES:
         if cls in prefill_classes:
             loads[cls].queued += waiting(len(loads))[0]
             break

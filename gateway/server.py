@@ -41,7 +41,7 @@ def warn_if_open(settings: GatewaySettings) -> bool:
     log.warning(
         "the gateway listens on %s:%d with no API keys: anyone who can reach that address can "
         "use the API. Set keys with `syshax config api_keys KEY1,KEY2` (or --api-key KEY), "
-        "or bind to 127.0.0.1 (`syshax config conductor.host 127.0.0.1`)",
+        "or bind to 127.0.0.1 (`syshax config gateway.host 127.0.0.1`)",
         settings.host,
         settings.port,
     )

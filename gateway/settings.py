@@ -17,8 +17,8 @@ _CFG = Config()
 class GatewaySettings(ApiSettings):
     max_queue_depth: int = _CFG.queue.max_depth  # prefill jobs waiting; more -> 429
     api_keys: list[str] = field(default_factory=list)  # empty = no authentication
-    host: str = _CFG.conductor.host
-    port: int = _CFG.conductor.port
+    host: str = _CFG.gateway.host
+    port: int = _CFG.gateway.port
     poll_interval: float = 0.5  # seconds of pub/sub silence before reading the output stream
     disconnect_grace: float = 0.5  # seconds a dropped stream waits for a resume before cancel
     shutdown_timeout: float = float(_CFG.shutdown_grace)  # seconds streams get to finish on stop
@@ -34,7 +34,7 @@ class GatewaySettings(ApiSettings):
             **{f.name: getattr(api, f.name) for f in fields(ApiSettings)},
             max_queue_depth=cfg.queue.max_depth,
             api_keys=list(cfg.api_keys),
-            host=cfg.conductor.host,
-            port=cfg.conductor.port,
+            host=cfg.gateway.host,
+            port=cfg.gateway.port,
             shutdown_timeout=float(cfg.shutdown_grace),
         )

@@ -31,18 +31,19 @@ from .config_schema import (
     LOG_LEVELS,
     SECTION_DOCS,
     SECTIONS,
-    ConductorConfig,
     Config,
     ConfigError,
     CpuConfig,
-    GpuConfig,
+    GatewayConfig,
     KVConfig,
     OutputConfig,
     QueueConfig,
     RedisConfig,
     SloConfig,
+    XpuConfig,
+    canonical_key,
 )
-from .models import DEFAULT_MODEL_FILE
+from .default_model import DEFAULT_MODEL_FILE
 
 __all__ = [
     "DTYPES",
@@ -51,11 +52,11 @@ __all__ = [
     "LOG_LEVELS",
     "REDIS_SCHEMES",
     "SECTION_DOCS",
-    "ConductorConfig",
+    "GatewayConfig",
     "Config",
     "ConfigError",
     "CpuConfig",
-    "GpuConfig",
+    "XpuConfig",
     "KVConfig",
     "OutputConfig",
     "QueueConfig",
@@ -103,6 +104,7 @@ _BOOL_WORDS |= {"false": False, "no": False, "off": False, "0": False}
 
 def parse_value(key: str, text: str) -> Any:
     """A command-line string turned into the key's typed, checked value (raises ConfigError)."""
+    key = canonical_key(key)
     value_kind, optional = kind(key)
     raw = text.strip()
     try:
@@ -145,7 +147,9 @@ def _set(cfg: Config, key: str, value: Any) -> None:
 
 
 def get_key(cfg: Config, key: str) -> Any:
-    """The value of one dotted key (raises ConfigError for an unknown key)."""
+    """The value of one dotted key (raises ConfigError for an unknown key); a key of a
+    section's seed name (gpu.port) reads the section's current one (xpu.port)."""
+    key = canonical_key(key)
     if key not in FIELDS:
         raise _unknown_key_error(key)
     value: Any = cfg
@@ -155,6 +159,7 @@ def get_key(cfg: Config, key: str) -> Any:
 
 
 def _unknown_key_error(key: str) -> ConfigError:
+    key = canonical_key(key)
     if key in SECTIONS:
         msg = f"{key!r} is a section; give one of its keys"
     else:
@@ -165,7 +170,9 @@ def _unknown_key_error(key: str) -> ConfigError:
 
 def set_key(cfg: Config, key: str, value: str) -> Config:
     """A copy of cfg with one key set from its command-line text (parsed and checked by type,
-    and against the other keys: `config_check.between_keys`)."""
+    and against the other keys: `config_check.between_keys`). gpu.KEY sets xpu.KEY and
+    conductor.KEY gateway.KEY (the seed's section names)."""
+    key = canonical_key(key)
     if key not in FIELDS:
         raise _unknown_key_error(key)
     new = copy.deepcopy(cfg)
@@ -258,11 +265,12 @@ def _key_lines(text: str) -> dict[str, int]:
             if key in lines:
                 raise ValueError(f"line {line}: duplicate key {key!r} (first on line {lines[key]})")
             lines[key] = line
-            if not prefix or key in SECTIONS:
+            if not prefix or canonical_key(key) in SECTIONS:
                 visit(value_node, key + ".")
 
     visit(yaml.compose(text, Loader=yaml.SafeLoader), "")
-    return lines
+    # a key under a section's seed name (gpu.port) is found by its current name too
+    return {canonical_key(k): v for k, v in reversed(lines.items())} | lines
 
 
 def save_config(cfg: Config, path: str | Path) -> None:
@@ -358,8 +366,8 @@ def validate(cfg: Config) -> list[str]:
     """Every problem found in cfg (empty = fine): bad values, port collisions, a model that
     does not resolve, a bad Redis URL."""
     problems = [f"{key}: {msg}" for key, msg in check(_raw(cfg))[1]]
-    endpoints = [("conductor.port", cfg.conductor.host, cfg.conductor.port)]
-    endpoints.append(("gpu.port", cfg.gpu.host, cfg.gpu.port))
+    endpoints = [("gateway.port", cfg.gateway.host, cfg.gateway.port)]
+    endpoints.append(("xpu.port", cfg.xpu.host, cfg.xpu.port))
     # null workers: checked as the one worker it means with an accelerator
     n_cpu = 1 if cfg.cpu.workers is None else cfg.cpu.workers
     if isinstance(n_cpu, int) and isinstance(cfg.cpu.port, int):

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 import annotated_types
 from pydantic import ValidationError
 
-from .config_schema import FIELDS, SECTIONS, Config
+from .config_schema import FIELDS, SECTION_ALIASES, SECTIONS, Config
 
 # ---- the keys: their kinds, choices and names ----
 
@@ -57,8 +57,8 @@ def children(section: str) -> list[str]:
 
 
 def nest(key: str, value: Any) -> dict[str, Any]:
-    """One dotted key's value as the nested dict a YAML file gives: gpu.vllm.dtype ->
-    {"gpu": {"vllm": {"dtype": value}}}."""
+    """One dotted key's value as the nested dict a YAML file gives: xpu.vllm.dtype ->
+    {"xpu": {"vllm": {"dtype": value}}}."""
     for part in reversed(key.split(".")):
         value = {part: value}
     return value
@@ -92,6 +92,7 @@ def check(data: Any) -> tuple[Config, list[tuple[str, str]]]:
     An empty (null) section keeps its defaults."""
     if not isinstance(data, dict):
         return Config(), [("", f"expected a mapping of keys to values, got {type(data).__name__}")]
+    data, renamed = unalias(data)
     flat: dict[str, Any] = {}  # every dotted key given -> its value, in file order
     clean = _flatten(data, "", flat)
     try:
@@ -99,7 +100,7 @@ def check(data: Any) -> tuple[Config, list[tuple[str, str]]]:
     except ValidationError as exc:
         errors = exc.errors()
     else:
-        problems = between_keys(cfg)
+        problems = renamed + between_keys(cfg)
         return (Config(), problems) if problems else (cfg, [])
     order = {key: i for i, key in enumerate(flat)}
     problems: dict[str, str] = {}
@@ -107,7 +108,22 @@ def check(data: Any) -> tuple[Config, list[tuple[str, str]]]:
         key = _key(err)
         if key not in problems:
             problems[key] = _message(key, err)
-    return Config(), sorted(problems.items(), key=lambda kv: order.get(kv[0], len(order)))
+    return Config(), renamed + sorted(problems.items(), key=lambda kv: order.get(kv[0], len(order)))
+
+
+def unalias(data: dict) -> tuple[dict, list[tuple[str, str]]]:
+    """data with the seed's section names (`SECTION_ALIASES`: gpu, conductor) under their
+    current ones, in place; a section given under both names is a problem (its old name's
+    part is left out)."""
+    out: dict = {}
+    problems: list[tuple[str, str]] = []
+    for name, value in data.items():
+        new = SECTION_ALIASES.get(str(name), name)
+        if new != name and new in data:
+            problems.append((str(name), f"the old name of section {new!r}; give one of the two"))
+            continue
+        out[new] = value
+    return out, problems
 
 
 def _flatten(data: dict, prefix: str, flat: dict[str, Any]) -> dict[str, Any]:

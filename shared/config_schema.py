@@ -1,5 +1,5 @@
 """The configuration's schema: one pydantic model per section (a section may hold one:
-`gpu.vllm`) and `Config` for the whole.
+`xpu.vllm`) and `Config` for the whole.
 
 Each field carries its key's default, type, value rule (ge/le, Literal choices or pattern) and
 one-line doc (`Field(description=...)`); each section's doc is its class docstring. Everything
@@ -12,7 +12,7 @@ Redis-free.
 Types are strict: an integer key refuses 1.5 and true, a bool key refuses "yes" (the command
 line's words are parsed by `config.parse_value` first), null is accepted only by the Optional
 keys; a text key takes a YAML number as its text (an all-digit name) and refuses blank text.
-Assigning an attribute (`cfg.gpu.port = 0`) is not checked; `config.validate` re-checks all.
+Assigning an attribute (`cfg.xpu.port = 0`) is not checked; `config.validate` re-checks all.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ LogLevel = Literal["debug", "info", "warning", "error", "critical"]
 # "local" store that could not cross processes was accepted here once and crashed the worker.)
 KVStore = Literal["auto", "shm", "redis"]
 # The xPU worker's engine: our model, an emulated accelerator, or vLLM (issue 13).
-GpuEngine = Literal["native", "emulated", "vllm"]
+XpuEngine = Literal["native", "emulated", "vllm"]
 # vLLM's dtype choices; auto = the model folder's torch_dtype. VllmConfig's rules also check
 # workers/vllm/args.py's VllmArgs (the one place they live).
 VllmDType = Literal["auto", "bfloat16", "float16", "float32"]
@@ -94,8 +94,8 @@ class RedisConfig(_Section):
     )
 
 
-class ConductorConfig(_Section):
-    """the OpenAI-compatible gateway"""
+class GatewayConfig(_Section):
+    """the OpenAI-compatible gateway (`conductor`, the seed's name, is read as this section)"""
 
     host: Text = Field(
         "127.0.0.1",
@@ -109,10 +109,10 @@ class ConductorConfig(_Section):
 
 
 class VllmConfig(_Section):
-    """vLLM as the xPU worker's engine (gpu.engine vllm; docs/vllm.md)"""
+    """vLLM as the xPU worker's engine (xpu.engine vllm; docs/vllm.md)"""
 
     # vLLM's other settings are the farm's, so the gateway, the dispatcher and the worker agree
-    # with it: max_num_seqs = the worker's slots (gpu.max_batch_size), max_model_len =
+    # with it: max_num_seqs = the worker's slots (xpu.max_batch_size), max_model_len =
     # max_model_len, enable_prefix_caching = kv.prefix_caching.
 
     dtype: Annotated[VllmDType, BeforeValidator(_text)] = Field(
@@ -154,8 +154,8 @@ class VllmConfig(_Section):
     )
 
 
-class GpuConfig(_Section):
-    """the xPU worker (prefill + decode); runs on the CPU when no CUDA device exists"""
+class XpuConfig(_Section):
+    """the xPU worker (prefill + decode); runs on the CPU when no CUDA device exists (`gpu`, the seed's name, is read as this section)"""
 
     host: Text = Field(
         "127.0.0.1", description="address of the xPU worker's /metrics and /health endpoint"
@@ -176,13 +176,13 @@ class GpuConfig(_Section):
         ge=1,
         description="threads when the xPU worker runs on the CPU; null = every core when it is the only worker (no accelerator, cpu.workers 0), else half the cores (min 1)",
     )
-    engine: Annotated[GpuEngine, BeforeValidator(_text)] = Field(
+    engine: Annotated[XpuEngine, BeforeValidator(_text)] = Field(
         "native",
-        description="the xPU worker's engine: native | emulated | vllm; native = the model on gpu.device; emulated = no model runs, each step sleeps for the time gpu.profile predicts (a GPU host's dispatch on a host without one; its text is meaningless; docs/emulated-accelerator.md); vllm = vLLM serves the xPU role with the gpu.vllm settings (needs vLLM in the Python that runs syshax and an HF model folder; docs/vllm.md)",
+        description="the xPU worker's engine: native | emulated | vllm; native = the model on xpu.device; emulated = no model runs, each step sleeps for the time xpu.profile predicts (a GPU host's dispatch on a host without one; its text is meaningless; docs/emulated-accelerator.md); vllm = vLLM serves the xPU role with the xpu.vllm settings (needs vLLM in the Python that runs syshax and an HF model folder; docs/vllm.md)",
     )
     profile: Text = Field(
         "h100",
-        description="accelerator profile of gpu.engine emulated: a built-in name (h100, a100-40gb, a10) or the path of a YAML/JSON profile file (checked by check-config)",
+        description="accelerator profile of xpu.engine emulated: a built-in name (h100, a100-40gb, a10) or the path of a YAML/JSON profile file (checked by check-config)",
     )
     vllm: VllmConfig = Field(default_factory=VllmConfig)
 
@@ -351,8 +351,8 @@ class Config(_Section):
         "debug | info | warning | error | critical (DEBUG=1 forces debug)",
     )
     redis: RedisConfig = Field(default_factory=RedisConfig)
-    conductor: ConductorConfig = Field(default_factory=ConductorConfig)
-    gpu: GpuConfig = Field(default_factory=GpuConfig)
+    gateway: GatewayConfig = Field(default_factory=GatewayConfig)
+    xpu: XpuConfig = Field(default_factory=XpuConfig)
     cpu: CpuConfig = Field(default_factory=CpuConfig)
     slo: SloConfig = Field(default_factory=SloConfig)
     queue: QueueConfig = Field(default_factory=QueueConfig)
@@ -393,16 +393,30 @@ class Config(_Section):
     def model_path(self) -> Path:
         """The model file or folder; raises FileNotFoundError for a missing default model."""
         if self.model == "default":
-            from .models import default_model_path
+            from .default_model import default_model_path
 
             return default_model_path()
         return Path(self.model).expanduser()
 
 
+# ---- the seed's section names ----
+
+# Sections renamed since the seed, still read from a config file and by `syshax config OLD.KEY`:
+# the xPU worker's section was `gpu` (its device class is `xpu` in the code, the Redis keys and
+# the CLI), the gateway's was `conductor`. A file giving both names of one section is refused.
+SECTION_ALIASES = {"gpu": "xpu", "conductor": "gateway"}
+
+
+def canonical_key(key: str) -> str:
+    """A dotted key or section under its current name: gpu.port -> xpu.port."""
+    head, dot, rest = key.partition(".")
+    return SECTION_ALIASES.get(head, head) + dot + rest
+
+
 # ---- the key table, derived from the models ----
 
 
-# Every section by its dotted name ("gpu", "gpu.vllm"), and every dotted key -> its field, in
+# Every section by its dotted name ("xpu", "xpu.vllm"), and every dotted key -> its field, in
 # file order (a section's own keys, then its sub-sections' keys).
 SECTIONS: dict[str, type[_Section]] = {}
 FIELDS: dict[str, FieldInfo] = {}
@@ -430,5 +444,5 @@ if not all(KEY_DOCS.values()) or not all(SECTION_DOCS.values()):
 DTYPES = get_args(DType)
 LOG_LEVELS = get_args(LogLevel)
 KV_STORES = get_args(KVStore)
-GPU_ENGINES = get_args(GpuEngine)
+XPU_ENGINES = get_args(XpuEngine)
 DECODE_DEVICES = get_args(DecodeDevice)

@@ -16,7 +16,7 @@ from typing import Any
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers, processors
 from tokenizers import Tokenizer as Backend
 
-from .models import GGUFError
+from .gguf_reader import GGUFError
 
 # llama.cpp token types (gguf.TokenType).
 _NORMAL, _UNKNOWN, _CONTROL, _USER_DEFINED, _UNUSED, _BYTE = 1, 2, 3, 4, 5, 6

@@ -22,8 +22,8 @@ from jinja2 import nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as Backend
 
+from .gguf_reader import GGUF_MAGIC, GGUFError, read_gguf_metadata
 from .gguf_tokenizer import build_backend, end_of_generation_ids, set_post_processor
-from .models import GGUF_MAGIC, GGUFError, read_gguf_metadata
 
 
 class TokenizerError(ValueError):

@@ -34,7 +34,7 @@ import os
 import struct
 from pathlib import Path
 
-from .models import GGUF_MAGIC, read_gguf_info
+from .gguf_reader import GGUF_MAGIC, read_gguf_info
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import redis
 from syshax.broker.embedded import EmbeddedRedis
-from syshax.shared.models import default_model_path
+from syshax.shared.default_model import default_model_path
 from syshax.shared.tokenizer import Tokenizer
 
 from .farm_procs import ProcFarm

@@ -2,8 +2,8 @@
 process with its log in `logdir`) on a Redis server of the farm's own, driven through real HTTP
 clients: for tests that kill, freeze or restart parts of the farm.
 
-Workers run the echo engine by default (`engine="model"`: the real one; `"emulated"`: an
-emulated accelerator, as is `None` for an xPU-class worker with the `gpu_engine="emulated"`
+Workers run the echo engine by default (`engine="native"`: the real one; `"emulated"`: an
+emulated accelerator, as is `None` for an xPU-class worker with the `xpu_engine="emulated"`
 option): its output token i is prompt token i (cycling), and `step_delay` makes generations
 last long enough to kill a worker in the middle of one. They run with a short heartbeat TTL (`HEARTBEAT_TTL` here, 10 s in
 production) so a killed worker's jobs are claimed in seconds.
@@ -48,14 +48,14 @@ class ProcFarm:
         cfg.max_model_len = config.pop("max_model_len", 1024)
         cfg.request_timeout = config.pop("request_timeout", 120)
         cfg.cpu_max_batch_size = config.pop("cpu_max_batch_size", 8)
-        cfg.gpu.max_batch_size = config.pop("gpu_max_batch_size", 8)
+        cfg.xpu.max_batch_size = config.pop("xpu_max_batch_size", 8)
         cfg.queue.max_depth = config.pop("max_queue_depth", 256)
         cfg.output.ttl = config.pop("output_ttl", 600)
         cfg.kv.store = config.pop("kv_store", "auto")
         cfg.decode_device = config.pop("decode_device", "auto")
         cfg.slo.itl_ms = config.pop("slo_itl_ms", None)
-        cfg.gpu.engine = config.pop("gpu_engine", "native")
-        cfg.gpu.profile = config.pop("gpu_profile", "h100")
+        cfg.xpu.engine = config.pop("xpu_engine", "native")
+        cfg.xpu.profile = config.pop("xpu_profile", "h100")
         assert not config, f"unknown farm options {config}"
         self.cfg = cfg
         self.config = tmp / "config.yaml"
@@ -116,7 +116,7 @@ class ProcFarm:
         env: dict[str, str] | None = None,
     ) -> str:
         """Start a worker; returns its id (also its name here). None = the worker's default
-        (for `engine`: the config's, gpu.engine for the xPU class); `args` are more
+        (for `engine`: the config's, xpu.engine for the xPU class); `args` are more
         `syshax worker` options, `env` more environment variables."""
         if name is None:
             self.serial += 1

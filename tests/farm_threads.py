@@ -8,7 +8,7 @@ it answers each PrefillJob with the prompt's own tokens as output (text from the
 tokenizer, incremental detokenization with stop strings): finish_reason "stop" at an eos token
 or a stop string, "length" at max_tokens; a prompt containing FAIL_NOW gets an error event at
 once, FAIL_LATER after two tokens. "echo" = the real farm `Worker` x 2 (xpu: prefill + decode
-on the gpu class, cpu0: decode on the cpu class) over the zero-cost `EchoEngine` (output token
+on the xpu class, cpu0: decode on the cpu class) over the zero-cost `EchoEngine` (output token
 i = prompt token i). None = no worker.
 """
 
@@ -196,9 +196,9 @@ class ThreadFarm:
         workers: str | None = "stub",
         worker_delay: float = 0.0,  # stub: seconds between tokens
         drop_publish_every: int = 0,  # stub: every Nth token is not published (only streamed)
-        slots: int = 4,  # echo: sequences per worker (cpu_slots / gpu_slots: per class)
+        slots: int = 4,  # echo: sequences per worker (cpu_slots / xpu_slots: per class)
         cpu_slots: int | None = None,
-        gpu_slots: int | None = None,
+        xpu_slots: int | None = None,
         step_delay: float = 0.002,  # echo: seconds per engine step
         auto_pd_offload: bool = True,
         detokenize: bool = False,  # echo: the engines get the tokenizer (text in the events)
@@ -230,7 +230,7 @@ class ThreadFarm:
             elif workers == "echo":
                 tok = tokenizer if detokenize else None
                 for wid, roles, cls, n in (
-                    ("xpu", {"prefill", "decode"}, "gpu", gpu_slots or slots),
+                    ("xpu", {"prefill", "decode"}, "xpu", xpu_slots or slots),
                     ("cpu0", {"decode"}, "cpu", cpu_slots or slots),
                 ):
                     opts = (wid, roles, cls, n, step_delay, auto_pd_offload, tok)

@@ -35,7 +35,7 @@ def test_services_healthchecks_and_gpu_reservation():
 
 def test_mounted_config_is_valid():
     cfg = Config.from_dict(yaml.safe_load((ROOT / "deploy" / "config.yaml").read_text()))
-    assert cfg.redis.url == "redis://redis:6379/0" and cfg.conductor.port == 8010
+    assert cfg.redis.url == "redis://redis:6379/0" and cfg.gateway.port == 8010
 
 
 @pytest.mark.skipif(not shutil.which("docker"), reason="docker CLI not installed")

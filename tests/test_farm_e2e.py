@@ -25,12 +25,12 @@ def model_farm(tmp: Path, cpu_env: dict[str, str] | None = None) -> ProcFarm:
     CPU worker that only decodes ("cpu", with `cpu_env` added to its environment), one thread
     each, behind a gateway; started and ready."""
     farm = ProcFarm(
-        tmp, max_model_len=MAX_LEN, request_timeout=120, gpu_max_batch_size=4, cpu_max_batch_size=4
+        tmp, max_model_len=MAX_LEN, request_timeout=120, xpu_max_batch_size=4, cpu_max_batch_size=4
     )
     try:
         farm.start_gateway()
-        defaults = {"engine": "model", "heartbeat_ttl": None, "drain_timeout": None}
-        farm.start_worker("xpu", "prefill", "gpu", args=("--threads", "1"), **defaults)
+        defaults = {"engine": "native", "heartbeat_ttl": None, "drain_timeout": None}
+        farm.start_worker("xpu", "prefill", "xpu", args=("--threads", "1"), **defaults)
         cpu_args = ("--device", "cpu", "--threads", "1")
         farm.start_worker("cpu", "decode", "cpu", args=cpu_args, env=cpu_env, **defaults)
         farm.wait_registered(["xpu", "cpu"], timeout=180)
@@ -176,7 +176,7 @@ def test_client_disconnect_cancels_and_frees_everything(farm):
                 rid = line[4:].rsplit(":", 1)[0]  # n=1: the job id is the completion id
             if i > 8:
                 break  # leave mid-stream
-    streams = (KEYS.prefill_stream, KEYS.decode_stream("cpu"), KEYS.decode_stream("gpu"))
+    streams = (KEYS.prefill_stream, KEYS.decode_stream("cpu"), KEYS.decode_stream("xpu"))
     time.sleep(1.5)  # the gateway waits disconnect_grace (0.5 s) for a resume before it cancels
     end = time.monotonic() + 20
     while time.monotonic() < end:

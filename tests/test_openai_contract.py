@@ -70,14 +70,14 @@ class WeatherArgs(BaseModel):
 
 def _farm(tmp: Path, layout: str) -> ProcFarm:
     farm = ProcFarm(tmp, max_model_len=1024, request_timeout=120)
-    defaults = {"engine": "model", "heartbeat_ttl": None, "drain_timeout": None}
+    defaults = {"engine": "native", "heartbeat_ttl": None, "drain_timeout": None}
     try:
         farm.start_gateway()
         if layout == "one":
-            farm.start_worker("xpu", "prefill,decode", "gpu", args=("--threads", "2"), **defaults)
+            farm.start_worker("xpu", "prefill,decode", "xpu", args=("--threads", "2"), **defaults)
             names = ["xpu"]
         else:
-            farm.start_worker("xpu", "prefill", "gpu", args=("--threads", "1"), **defaults)
+            farm.start_worker("xpu", "prefill", "xpu", args=("--threads", "1"), **defaults)
             cpu = ("--device", "cpu", "--threads", "1")
             farm.start_worker("cpu", "decode", "cpu", args=cpu, **defaults)
             names = ["xpu", "cpu"]

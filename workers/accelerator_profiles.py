@@ -264,7 +264,7 @@ def model_scale(model: str | Path, profile: AcceleratorProfile) -> ModelScale:
 
 def _gguf_dims(path: Path) -> tuple[int, int, int]:
     """(parameters, stored tensor bytes, KV elements per token) from a GGUF header."""
-    from syshax.shared.models import GGUFError, read_gguf_info
+    from syshax.shared.gguf_reader import GGUFError, read_gguf_info
 
     try:
         info = read_gguf_info(path)

@@ -28,7 +28,7 @@ def _tokenizer(settings: WorkerSettings):
     return Tokenizer.from_model_path(resolve_model_path(settings.model))
 
 
-def _model(s: WorkerSettings) -> EngineProtocol:
+def _native(s: WorkerSettings) -> EngineProtocol:
     from .engine.engine import Engine
     from .engine.model_runner import ModelOptions
 
@@ -84,7 +84,7 @@ def _vllm(s: WorkerSettings) -> EngineProtocol:
 
 
 BUILDERS: dict[str, Callable[[WorkerSettings], EngineProtocol]] = {
-    "model": _model,
+    "native": _native,
     "echo": _echo,
     "emulated": _emulated,
     "vllm": _vllm,

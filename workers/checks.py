@@ -31,7 +31,7 @@ def check_workers(config: Config) -> WorkerReport:
         report.lines.append(kernels)
     report.lines.append(_describe_xpu(config))
     report.problems += _cpu_worker_problems(config)
-    report.problems += xpu_engine_problems(config, config.gpu.engine)
+    report.problems += xpu_engine_problems(config, config.xpu.engine)
     return report
 
 
@@ -41,9 +41,9 @@ def xpu_engine_problems(config: Config, engine: str) -> list[str]:
         from .accelerator_profiles import ProfileError, load_profile
 
         try:
-            load_profile(config.gpu.profile)
+            load_profile(config.xpu.profile)
         except ProfileError as exc:
-            return [f"gpu.profile: {exc}"]
+            return [f"xpu.profile: {exc}"]
     if engine == "vllm":  # vLLM here, its settings, an HF folder
         from .vllm.setup import vllm_problems
 
@@ -52,16 +52,16 @@ def xpu_engine_problems(config: Config, engine: str) -> list[str]:
 
 
 def _describe_xpu(config: Config) -> str:
-    if config.gpu.engine == "vllm":
+    if config.xpu.engine == "vllm":
         from .vllm.setup import describe
 
         return describe(config)
-    if config.gpu.engine != "emulated":
-        return f"xpu worker: the model on gpu.device {config.gpu.device}"
+    if config.xpu.engine != "emulated":
+        return f"xpu worker: the model on xpu.device {config.xpu.device}"
     from .accelerator_profiles import ProfileError, load_profile
 
     try:
-        profile = load_profile(config.gpu.profile)
+        profile = load_profile(config.xpu.profile)
     except ProfileError:
         return "xpu worker: EMULATED accelerator, profile not loadable"
     return (

@@ -85,7 +85,7 @@ class Handoff:
         own = loads.get(self.opts.device_class)
         if own is not None and "decode" in self.opts.roles:
             own.running = max(own.running - 1, 0)
-        decision = self.dispatcher.choose(loads["gpu"], loads["cpu"], remaining)
+        decision = self.dispatcher.choose(loads["xpu"], loads["cpu"], remaining)
         self._record(job.request_id, decision)
         return decision
 
@@ -140,7 +140,7 @@ class Handoff:
         if not self._check_due():
             return []
         loads = self.farm.loads()
-        decision = d.take_queued(loads["gpu"], loads["cpu"])
+        decision = d.take_queued(loads["xpu"], loads["cpu"])
         if decision is None:
             return []
         entries = stranded.read(1, None)
@@ -161,7 +161,7 @@ class Handoff:
         if not self._check_due():
             return []
         loads = self.farm.loads()
-        if not self.dispatcher.offloads_next(loads["gpu"], loads["cpu"]):
+        if not self.dispatcher.offloads_next(loads["xpu"], loads["cpu"]):
             return []
         return self.ahead.read(1, None)
 

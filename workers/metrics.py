@@ -1,4 +1,4 @@
-"""A worker's own /metrics (Prometheus) and /health endpoint, on `gpu.port` / `cpu.port + i`.
+"""A worker's own /metrics (Prometheus) and /health endpoint, on `xpu.port` / `cpu.port + i`.
 
 Served from a daemon thread with the standard library's HTTP server: the worker loop only
 updates counters and gauges (cheap, no I/O), and a scrape never touches the engine.

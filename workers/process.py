@@ -34,7 +34,7 @@ def run_worker(settings: WorkerSettings, redis_url: str, drain_timeout: float = 
     except EngineError as exc:
         log.error("%s", exc)
         return 2
-    if settings.engine == "model":
+    if settings.engine == "native":
         from .engine.engine import freeze_loaded_heap
 
         freeze_loaded_heap()  # the engine lives as long as this process
@@ -51,7 +51,7 @@ def prepare(settings: WorkerSettings) -> None:
     their first touch lands on the right NUMA node)."""
     if settings.priority is not None:
         below_the_farm(settings.priority)
-    if settings.device == "cpu" and settings.engine == "model":
+    if settings.device == "cpu" and settings.engine == "native":
         import torch
 
         torch.set_num_threads(settings.threads)

@@ -11,7 +11,7 @@ here and nowhere else; the commands parse arguments and ask.
 * `cpu_threads(config)`: a CPU decode worker's threads (check-config, plan).
 
 Nothing here imports torch when loaded (`syshax run`'s supervisor lays out the farm without
-it); only resolving `gpu.device: auto` for a worker asks torch whether CUDA is there.
+it); only resolving `xpu.device: auto` for a worker asks torch whether CUDA is there.
 """
 
 from __future__ import annotations
@@ -27,7 +27,13 @@ from syshax.shared import env
 from syshax.shared.config import Config, derive_model_name, resolve_threads
 from syshax.shared.config_schema import DEFAULT_CPU_PROMPT_ROWS_WHILE_DECODING
 
-ENGINES = ("model", "echo", "emulated", "vllm")
+# native = our own engine (the model on the worker's device: PyTorch, or the fused native step
+# on a CPU), the config's xpu.engine name; the CLI's --engine takes the same names.
+ENGINES = ("native", "echo", "emulated", "vllm")
+# Names the command line still accepts (with a warning): the seed's `--engine model` and
+# `--device-class gpu`, now native and xpu as in the config (xpu.engine, the `xpu` section).
+ENGINE_ALIASES = {"model": "native"}
+DEVICE_CLASS_ALIASES = {"gpu": "xpu"}
 # Engines that are an accelerator whatever device this host has: they serve the xPU class.
 ACCELERATORS = ("emulated", "vllm")
 ROLES = frozenset({"prefill", "decode"})
@@ -53,13 +59,11 @@ def has_accelerator(device: str) -> bool:
 
 def farm_engines(config: Config, engine: str | None = None) -> tuple[str, str]:
     """(the xPU worker's engine, the CPU workers' engine) for `syshax run --engine` (None =
-    the config's gpu.engine, native = model): echo and model run everywhere, an emulated or
-    vLLM accelerator is the xPU worker's only."""
-    if engine in ("model", "echo"):
+    the config's xpu.engine): echo and native run everywhere, an emulated or vLLM accelerator
+    is the xPU worker's only."""
+    if engine in ("native", "echo"):
         return engine, engine
-    if engine is None:
-        engine = "model" if config.gpu.engine == "native" else config.gpu.engine
-    return engine, "model"
+    return engine or config.xpu.engine, "native"
 
 
 def every_core() -> int:
@@ -81,19 +85,19 @@ def cpu_workers(config: Config, xpu_engine: str, asked: int | None = None) -> in
 
 
 def _accelerator(config: Config, xpu_engine: str) -> bool:
-    return xpu_engine == "emulated" or has_accelerator(config.gpu.device)
+    return xpu_engine == "emulated" or has_accelerator(config.xpu.device)
 
 
 def xpu_threads(config: Config, xpu_engine: str, n_cpu: int | None = None) -> int | None:
     """Every core for an xPU worker that is the farm's only worker: no accelerator, no CPU
-    decode workers (`n_cpu`, None = `cpu_workers`' default), gpu.threads null, an engine with
+    decode workers (`n_cpu`, None = `cpu_workers`' default), xpu.threads null, an engine with
     threads of ours (not vLLM). Two workers would only split the same cores into halves that
-    each read all the weights (docs/benchmarks.md). None otherwise: the worker's gpu.threads,
+    each read all the weights (docs/benchmarks.md). None otherwise: the worker's xpu.threads,
     null = half the cores (`resolve_threads`)."""
     if n_cpu is None:
         n_cpu = cpu_workers(config, xpu_engine)
     alone = not _accelerator(config, xpu_engine) and n_cpu == 0 and xpu_engine != "vllm"
-    return every_core() if alone and config.gpu.threads is None else None
+    return every_core() if alone and config.xpu.threads is None else None
 
 
 @dataclass(frozen=True)
@@ -117,7 +121,7 @@ def farm_layout(
     if threads is None and xpu_threads(config, xpu_engine) is not None:
         # --cpu-workers gave the farm CPU workers the config does not: the xPU worker, which
         # would take every core by the config alone, is told its share.
-        threads = resolve_threads(config.gpu.threads)
+        threads = resolve_threads(config.xpu.threads)
     return FarmLayout(xpu_engine, cpu_engine, n_cpu, threads)
 
 
@@ -167,10 +171,10 @@ class Priority:
 
 @dataclass(frozen=True)
 class WorkerSettings:
-    config: Config  # read as is where a setting is passed on whole (dispatch, gpu.vllm)
+    config: Config  # read as is where a setting is passed on whole (dispatch, xpu.vllm)
     roles: frozenset[str]
-    engine: str  # model | echo | emulated | vllm
-    device_class: str  # gpu = the xPU role (even on a CPU) | cpu = CPU decode
+    engine: str  # native | echo | emulated | vllm
+    device_class: str  # xpu = the xPU role (even on a CPU) | cpu = CPU decode
     device: str  # cpu, cuda[:N]; vllm:<device>, emulated:<profile> for those engines
     model: str  # as given: a path, or "default"
     served_model: str  # the name jobs must carry and KV blobs record
@@ -221,10 +225,10 @@ class WorkerSettings:
         device = _device(config, o, engine, cls_, profile)
         threads = _threads(config, o, engine, cls_)
         slots = o.max_batch_size or (
-            config.gpu.max_batch_size if cls_ == "gpu" else config.cpu_max_batch_size
+            config.xpu.max_batch_size if cls_ == "xpu" else config.cpu_max_batch_size
         )
         handoff = handoff_slots(config, engine, cls_, device, roles)
-        section = config.gpu if cls_ == "gpu" else config.cpu
+        section = config.xpu if cls_ == "xpu" else config.cpu
         model = o.model or config.model
         vllm = None
         if engine == "vllm":  # the farm's slots (handoff's too), context length, prefix caching
@@ -262,17 +266,17 @@ class WorkerSettings:
 
 def engine_and_class(config: Config, o: WorkerOverrides, roles: frozenset[str]) -> tuple[str, str]:
     """(engine, device class): an emulated or vLLM accelerator is the xPU class; else the
-    class is cpu for a decode-only worker on the CPU, else gpu; without --engine the xPU class
-    follows gpu.engine (native = model) and the CPU class runs the model."""
+    class is cpu for a decode-only worker on the CPU, else xpu; without --engine the xPU class
+    follows xpu.engine and the CPU class runs the native engine."""
     engine = o.engine
     if o.device_class:
         cls = o.device_class
     elif engine in ACCELERATORS:
-        cls = "gpu"
+        cls = "xpu"
     else:
-        cls = "cpu" if roles == {"decode"} and (o.device or "cpu") == "cpu" else "gpu"
+        cls = "cpu" if roles == {"decode"} and (o.device or "cpu") == "cpu" else "xpu"
     if engine is None:
-        engine = config.gpu.engine if cls == "gpu" and config.gpu.engine != "native" else "model"
+        engine = config.xpu.engine if cls == "xpu" else "native"
     return engine, cls
 
 
@@ -283,16 +287,16 @@ def emulated_profile(config: Config, o: WorkerOverrides, engine: str, cls: str):
         if o.profile:
             raise SettingsError("--profile is for the emulated engine only (--engine emulated)")
         return None
-    if cls != "gpu":
-        raise SettingsError("the emulated engine is an accelerator: it serves the xPU class (gpu)")
+    if cls != "xpu":
+        raise SettingsError("the emulated engine is an accelerator: it serves the xPU class (xpu)")
     if o.device:
         raise SettingsError("--device does not apply to the emulated engine (it runs no model)")
     from .accelerator_profiles import ProfileError, load_profile
 
     try:
-        return load_profile(o.profile or config.gpu.profile)
+        return load_profile(o.profile or config.xpu.profile)
     except ProfileError as exc:
-        where = "--profile" if o.profile else "gpu.profile"
+        where = "--profile" if o.profile else "xpu.profile"
         raise SettingsError(f"{where}: {exc}") from None
 
 
@@ -323,7 +327,7 @@ def _device(config: Config, o: WorkerOverrides, engine: str, cls: str, profile) 
         return f"vllm:{_resolve_device('auto')}"
     if profile is not None:
         return f"emulated:{profile.name}"
-    return _resolve_device(o.device or (config.gpu.device if cls == "gpu" else "cpu"))
+    return _resolve_device(o.device or (config.xpu.device if cls == "xpu" else "cpu"))
 
 
 def _resolve_device(device: str) -> str:
@@ -336,13 +340,13 @@ def _resolve_device(device: str) -> str:
 
 def _threads(config: Config, o: WorkerOverrides, engine: str, cls: str) -> int:
     """--threads; a CPU decode worker's `cpu_threads`; the xPU class: every core when it is
-    the farm's only worker (`xpu_threads`, as `syshax run` lays it out), else gpu.threads
+    the farm's only worker (`xpu_threads`, as `syshax run` lays it out), else xpu.threads
     (null = half the cores)."""
     if o.threads:
         return o.threads
     if cls == "cpu":
         return cpu_threads(config)
-    return xpu_threads(config, engine) or resolve_threads(config.gpu.threads)
+    return xpu_threads(config, engine) or resolve_threads(config.xpu.threads)
 
 
 def _kernels(cls: str, device: str, threads: int, engine: str, model: str):
@@ -350,7 +354,7 @@ def _kernels(cls: str, device: str, threads: int, engine: str, model: str):
     and resolved by the default rule (workers/cpu/options.py: a GGUF runs its own blocks with
     the fused step); None for GPU, echo and accelerator workers. CUSTOM_CPU_AFFINITY pins
     CPU-class workers only (an xPU-role worker on a CPU-only host shares the cores unpinned)."""
-    if device != "cpu" or engine != "model":
+    if device != "cpu" or engine != "native":
         return None
     from .cpu.options import from_env
 
@@ -367,7 +371,7 @@ def handoff_slots(config: Config, engine: str, cls: str, device: str, roles: fro
     farm without an accelerator has no CPU decoders to offload to)."""
     accelerator = engine in ACCELERATORS or device != "cpu"
     offloads = config.auto_pd_offload and config.decode_device == "auto"
-    return int(cls == "gpu" and accelerator and offloads and roles >= ROLES)
+    return int(cls == "xpu" and accelerator and offloads and roles >= ROLES)
 
 
 def prompt_rows_while_decoding(config: Config, device: str) -> int | None:

@@ -28,7 +28,7 @@ class Job:
 class WorkerOptions:
     worker_id: str
     roles: frozenset[str]
-    device_class: str  # "gpu" (the xPU role, even when it runs on a CPU) | "cpu"
+    device_class: str  # "xpu" (the xPU role, even when it runs on a CPU) | "cpu"
     device: str = "cpu"
     # The model name this worker serves: a job naming another is dead-lettered and fails,
     # and its engine's KV blobs carry it ("": jobs are not checked; tests' bare workers).

@@ -45,17 +45,17 @@ def keys_help() -> str:
         )
     out += [
         "",
-        "values: integers; numbers (slo.itl_ms, gpu.vllm.*); true/false (yes/no, 1/0); null (or",
-        "none) for the optional keys; lists (api_keys) as a,b,c or [a, b, c]. gpu.vllm is a",
-        "section inside gpu: its keys are gpu.vllm.KEY.",
+        "values: integers; numbers (slo.itl_ms, xpu.vllm.*); true/false (yes/no, 1/0); null (or",
+        "none) for the optional keys; lists (api_keys) as a,b,c or [a, b, c]. xpu.vllm is a",
+        "section inside xpu: its keys are xpu.vllm.KEY.",
         "",
         "examples:",
         "  syshax init",
-        "  syshax config gpu.port 8100",
+        "  syshax config xpu.port 8100",
         "  syshax config auto_pd_offload false",
         "  syshax config slo.itl_ms 50",
-        "  syshax config gpu.engine emulated",
-        "  syshax config gpu.vllm.enforce_eager true",
+        "  syshax config xpu.engine emulated",
+        "  syshax config xpu.vllm.enforce_eager true",
         "  syshax config redis.url redis://:secret@redis.example:6379/0",
         "  syshax config cpu_max_batch_size",
         "  syshax check-config",
@@ -66,7 +66,7 @@ def keys_help() -> str:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.epilog = keys_help()
-    p.add_argument("key", nargs="?", metavar="KEY", help="dotted key, e.g. gpu.port (see below)")
+    p.add_argument("key", nargs="?", metavar="KEY", help="dotted key, e.g. xpu.port (see below)")
     p.add_argument("value", nargs="?", metavar="VALUE", help="new value; omit it to print KEY")
     p.add_argument("--list", action="store_true", help="print every key with its current value")
     add_config_option(p)

@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
         shard_size = parse_size(args.shard_size)
         model = args.model
         if model == "default":
-            from syshax.shared.models import default_model_path
+            from syshax.shared.default_model import default_model_path
 
             model = default_model_path()  # FileNotFoundError (an OSError) with how to install
         result = export_hf(

@@ -1,6 +1,6 @@
 """`syshax gateway`: the OpenAI-compatible HTTP gateway (FastAPI + uvicorn). Torch-free.
 
-Settings come from the config file (`conductor.*`, `model`, `redis.*`, `queue.max_depth`, ...);
+Settings come from the config file (`gateway.*`, `model`, `redis.*`, `queue.max_depth`, ...);
 each option below overrides its key for this process.
 """
 
@@ -18,8 +18,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="config file (default: $SYSHAX_CONFIG or ~/.config/syshax/config.yaml)",
     )
-    opt("--host", default=None, help="address to bind (default: conductor.host, 127.0.0.1)")
-    opt("--port", type=int, default=None, help="port to bind (default: conductor.port, 8010)")
+    opt("--host", default=None, help="address to bind (default: gateway.host, 127.0.0.1)")
+    opt("--port", type=int, default=None, help="port to bind (default: gateway.port, 8010)")
     opt(
         "--model",
         default=None,

@@ -30,12 +30,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "from --cpu-step-ms. Predictions, not measurements: bench/hetero.py measures."
     )
     add_config_option(p)
-    p.add_argument("--profile", help="accelerator profile: a built-in name (h100, a100-40gb, a10) or a YAML/JSON file (default: the config's gpu.profile)")  # fmt: skip
+    p.add_argument("--profile", help="accelerator profile: a built-in name (h100, a100-40gb, a10) or a YAML/JSON file (default: the config's xpu.profile)")  # fmt: skip
     p.add_argument("--model", help="GGUF file or HF folder the CPU workers serve (default: the config's model)")  # fmt: skip
     p.add_argument("--slo-itl-ms", type=float, help="inter-token latency SLO in ms that CPU streams must keep, slow steps included (default: the config's slo.itl_ms; none = no SLO: each worker runs cpu_max_batch_size streams)")  # fmt: skip
     p.add_argument("--input-len", type=int, default=128, help="prompt tokens per request (default %(default)s)")  # fmt: skip
     p.add_argument("--output-len", type=int, default=128, help="output tokens per request (default %(default)s)")  # fmt: skip
-    p.add_argument("--xpu-slots", type=int, help="streams the xPU decodes at once (default: the config's gpu.max_batch_size)")  # fmt: skip
+    p.add_argument("--xpu-slots", type=int, help="streams the xPU decodes at once (default: the config's xpu.max_batch_size)")  # fmt: skip
     p.add_argument("--xpu-overhead-ms", default="0", metavar="BASE[,PER_ROW]", help="the xPU worker's own cost per step outside the device (its loop, scheduling, publishing tokens): BASE + PER_ROW x streams ms; bench/hetero.py prints it as measured (default 0: none)")  # fmt: skip
     p.add_argument("--farm-tps", type=float, help="tokens/s the farm can stream at all on this host (bench/serve.py --launch echo measures it); caps the totals (default: no cap)")  # fmt: skip
     p.add_argument("--cores", type=int, help="cores for CPU decode workers (default: every core this process may use)")  # fmt: skip
@@ -131,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         cfg = load_config(args.config)
-        profile = load_profile(args.profile or cfg.gpu.profile)
+        profile = load_profile(args.profile or cfg.xpu.profile)
         model = str(resolve_model_path(args.model or cfg.model))
         scale = model_scale(model, profile)
         w = cp.Workload(args.input_len, args.output_len)
@@ -140,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--slo-itl-ms must be > 0, got {slo_ms}")
         slo = slo_ms / 1e3 if slo_ms else None
         over = _ms_pair(args.xpu_overhead_ms, "--xpu-overhead-ms")
-        xpu = cp.XpuModel(profile, scale, args.xpu_slots or cfg.gpu.max_batch_size, over[0] / 1e3, over[1] / 1e3)  # fmt: skip
+        xpu = cp.XpuModel(profile, scale, args.xpu_slots or cfg.xpu.max_batch_size, over[0] / 1e3, over[1] / 1e3)  # fmt: skip
         cores = args.cores or len(os.sched_getaffinity(0))
         max_streams = args.cpu_max_batch or cfg.cpu_max_batch_size
         layouts = _layouts(args, cfg, cores)

@@ -11,13 +11,13 @@ decode worker takes the decodes the dispatcher sends to the CPU. With none, a se
 would only split the same cores into two halves that each read all the weights (measured in
 docs/benchmarks.md: the split served less than one worker), so the default is one worker with
 both roles on every core; `cpu.workers` / `--cpu-workers` still ask for the split (the PD
-pipeline stays testable on any host). An emulated accelerator (`gpu.engine: emulated` or
+pipeline stays testable on any host). An emulated accelerator (`xpu.engine: emulated` or
 `--engine emulated`: the xPU worker sleeps for a profile's step times and runs no model) counts
 as an accelerator: by default one real CPU decode worker beside it, so a GPU host's dispatch
-runs on a host without one. With `gpu.engine: vllm` (`--engine vllm`) vLLM is the xPU worker's
+runs on a host without one. With `xpu.engine: vllm` (`--engine vllm`) vLLM is the xPU worker's
 engine: every worker runs with this Python (`sys.executable`), so run `syshax run` from the
 venv that has vLLM (docs/vllm.md); the layout is the native engine's (an accelerator when
-`gpu.device` finds one). A child that exits unexpectedly is restarted with a capped backoff.
+`xpu.device` finds one). A child that exits unexpectedly is restarted with a capped backoff.
 On Ctrl-C or SIGTERM it stops in uvicorn's order: the gateway first (it refuses new requests
 and lets streams in flight finish, up to `shutdown_grace` seconds), then the workers (they
 drain), then Redis; a second Ctrl-C stops everything at once. The children run in sessions of
@@ -44,9 +44,10 @@ import redis
 
 from syshax.broker.farm_redis import FarmRedis
 from syshax.broker.keys import Keys
+from syshax.commands.renamed import with_old_names
 from syshax.commands.supervisor import Child, Supervisor
 from syshax.workers.checks import xpu_engine_problems
-from syshax.workers.settings import ENGINES, farm_engines, farm_layout
+from syshax.workers.settings import ENGINE_ALIASES, ENGINES, farm_engines, farm_layout
 
 log = logging.getLogger("syshax.run")
 
@@ -69,14 +70,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--engine",
         choices=ENGINES,
+        type=with_old_names("--engine", ENGINE_ALIASES),
         default=None,
-        help="model = the real engine in every worker; echo = zero-cost stand-in engine in every "
+        help="native = our own engine (the model) in every worker (`model`, its old name, is "
+        "accepted); echo = zero-cost stand-in engine in every "
         "worker, to measure the farm's own overhead; emulated = an emulated accelerator as the "
-        "xPU worker (gpu.profile's step times, meaningless text) beside real CPU decode workers; "
-        "vllm = vLLM as the xPU worker's engine (gpu.vllm settings; every worker runs with this "
+        "xPU worker (xpu.profile's step times, meaningless text) beside real CPU decode workers; "
+        "vllm = vLLM as the xPU worker's engine (xpu.vllm settings; every worker runs with this "
         "Python, so run syshax from the venv that has vLLM, e.g. .venv-vllm/bin/syshax run; "
-        "docs/vllm.md) (default: gpu.engine for the xPU worker, native = model; model for the "
-        "CPU workers)",
+        "docs/vllm.md) (default: xpu.engine for the xPU worker, native for "
+        "the CPU workers)",
     )
     p.add_argument(
         "--cpu-workers",
@@ -109,14 +112,14 @@ def _children(args, cfg, config_path: str | None) -> list[Child]:
     plan = farm_layout(cfg, args.engine, args.cpu_workers)
     xpu_engine, cpu_engine = plan.xpu_engine, plan.cpu_engine
     n_cpu, xpu_threads = plan.cpu_workers, plan.xpu_threads
-    emulated = {"emulated": f", EMULATED {cfg.gpu.profile}", "vllm": ", vLLM"}.get(xpu_engine, "")
+    emulated = {"emulated": f", EMULATED {cfg.xpu.profile}", "vllm": ", vLLM"}.get(xpu_engine, "")
     log.info(
         "layout: xPU-role worker (prefill + decode%s%s) + %d CPU decode worker(s)",
         f", {xpu_threads} threads" if xpu_threads else "",
         emulated,
         n_cpu,
     )
-    xpu = ["worker", "--roles", "prefill,decode", "--device-class", "gpu", "--engine", xpu_engine]
+    xpu = ["worker", "--roles", "prefill,decode", "--device-class", "xpu", "--engine", xpu_engine]
     workers = [
         _worker(
             "xpu-worker",
@@ -250,7 +253,7 @@ def _published(cfg, config_path, url: str):
     swept = sweep_segments(farm_tag)
     if swept:
         log.info("freed %d shared-memory KV segment(s) left by an earlier run", swept)
-    gateway_url = f"http://{cfg.conductor.host}:{cfg.conductor.port}/v1"
+    gateway_url = f"http://{cfg.gateway.host}:{cfg.gateway.port}/v1"
     published = farm_file.publish(config_path, cfg.redis.prefix, url, gateway_url)
     print(
         f"sysHAX farm: gateway on {gateway_url} (model loading takes a few seconds; "

@@ -59,7 +59,7 @@ def render(snap: dict):
     leases, nbytes = snap["kv"]
     counts = snap["counts"]
     recent = Table(
-        title=f"dispatcher: {counts['gpu']} to xPU, {counts['cpu']} to CPU; KV leases held: {leases} ({nbytes / 2**20:.1f} MiB)",
+        title=f"dispatcher: {counts['xpu']} to xPU, {counts['cpu']} to CPU; KV leases held: {leases} ({nbytes / 2**20:.1f} MiB)",
         expand=True,
     )
     recent.add_column("recent decisions (newest first)")

@@ -18,14 +18,14 @@ def test_step_models_and_tails_take_the_slowest_worker(r):
     workers = [
         _worker("cpu", step_base_ms="20", step_row_ms="10", step_tail="1.2"),
         _worker("cpu", step_base_ms="30", step_row_ms="10", step_tail="1.8"),
-        _worker("gpu", step_base_ms="5", step_row_ms="0.1"),  # an older worker: no tail field
+        _worker("xpu", step_base_ms="5", step_row_ms="0.1"),  # an older worker: no tail field
         _worker("cpu", roles="prefill"),  # not a decoder: not counted
     ]
     loads = device_loads(r, workers, KEYS)
-    cpu, gpu = loads["cpu"], loads["gpu"]
+    cpu, xpu = loads["cpu"], loads["xpu"]
     assert (cpu.workers, cpu.capacity, cpu.running) == (2, 16, 2)
     assert cpu.step_model == pytest.approx((0.030, 0.010)) and cpu.step_tail == 1.8
-    assert gpu.step_model == pytest.approx((0.005, 0.0001)) and gpu.step_tail == 1.0
+    assert xpu.step_model == pytest.approx((0.005, 0.0001)) and xpu.step_tail == 1.0
 
 
 def test_prompts_waiting_for_a_prefill_count_on_the_prefilling_class(r):
@@ -33,9 +33,9 @@ def test_prompts_waiting_for_a_prefill_count_on_the_prefilling_class(r):
     for i in range(3):
         r.xadd(KEYS.prefill_stream, {"n": i})
     r.xreadgroup(KEYS.prefill_group, "xpu", {KEYS.prefill_stream: ">"}, count=1)  # one taken
-    workers = [_worker("gpu", roles="prefill,decode"), _worker("cpu")]
+    workers = [_worker("xpu", roles="prefill,decode"), _worker("cpu")]
     loads = device_loads(r, workers, KEYS)
-    assert loads["gpu"].queued == 2, "two prompts wait for an xPU slot"
+    assert loads["xpu"].queued == 2, "two prompts wait for an xPU slot"
     assert loads["cpu"].queued == 0
 
 

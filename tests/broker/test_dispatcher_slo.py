@@ -2,13 +2,13 @@
 CPU only while its predicted latency with one more stream stays within it, the rest queues."""
 
 import pytest
-from syshax.broker.dispatcher import CPU, GPU, RULES, DeviceLoad, Dispatcher
+from syshax.broker.dispatcher import CPU, RULES, XPU, DeviceLoad, Dispatcher
 from syshax.workers.engine.outputs import EngineStats, TokenCadence
 from syshax.workers.upkeep import step_fields
 
 # A CPU worker stepping n streams in 20 + 10 n ms; an xPU in 15 + 0.2 n ms.
 CPU_STEPS = (0.020, 0.010)
-GPU_STEPS = (0.015, 0.0002)
+XPU_STEPS = (0.015, 0.0002)
 
 
 def slo(ms: float, **kw) -> Dispatcher:
@@ -25,65 +25,65 @@ def test_predicted_itl_counts_the_new_stream_and_spreads_over_workers():
 
 def test_the_xpu_takes_work_while_it_keeps_the_slo():
     d = slo(50)
-    gpu = DeviceLoad(workers=1, capacity=64, running=10, step_model=GPU_STEPS)
+    xpu = DeviceLoad(workers=1, capacity=64, running=10, step_model=XPU_STEPS)
     cpu = DeviceLoad(workers=1, capacity=8, running=0, step_model=CPU_STEPS)
-    decision = d.choose(gpu, cpu, 100)
-    assert decision.device == GPU and "xPU within the SLO" in decision.reason
+    decision = d.choose(xpu, cpu, 100)
+    assert decision.device == XPU and "xPU within the SLO" in decision.reason
 
 
 def test_the_cpu_takes_overflow_only_within_the_slo():
     d = slo(50)
-    gpu = DeviceLoad(workers=1, capacity=16, running=16, step_model=GPU_STEPS)  # full
+    xpu = DeviceLoad(workers=1, capacity=16, running=16, step_model=XPU_STEPS)  # full
     cpu = DeviceLoad(workers=1, capacity=8, running=2, step_model=CPU_STEPS)  # 50 ms with one more
-    decision = d.choose(gpu, cpu, 100)
+    decision = d.choose(xpu, cpu, 100)
     assert decision.device == CPU and "CPU within the SLO (50 ms <= 50 ms)" in decision.reason
     cpu.running = 3  # 60 ms with one more: over the SLO although the CPU has room (8 slots)
-    decision = d.choose(gpu, cpu, 100)
-    assert decision.device == GPU and "queued on the xPU" in decision.reason
+    decision = d.choose(xpu, cpu, 100)
+    assert decision.device == XPU and "queued on the xPU" in decision.reason
 
 
 def test_a_burst_fills_the_cpu_exactly_up_to_the_slo():
     d = slo(50)
-    gpu = DeviceLoad(workers=1, capacity=32, running=0, step_model=(0.030, 0.001))  # 50 ms at 20
+    xpu = DeviceLoad(workers=1, capacity=32, running=0, step_model=(0.030, 0.001))  # 50 ms at 20
     cpu = DeviceLoad(workers=1, capacity=8, running=0, step_model=CPU_STEPS)
     for _ in range(40):
-        target = gpu if d.choose(gpu, cpu, 64).device == GPU else cpu
+        target = xpu if d.choose(xpu, cpu, 64).device == XPU else cpu
         target.queued += 1
     assert cpu.load == 3, "20 + 10 * 3 = 50 ms: a fourth stream would pass the SLO"
-    assert gpu.load == 37, "20 within its SLO, then the rest queues on the xPU"
+    assert xpu.load == 37, "20 within its SLO, then the rest queues on the xPU"
 
 
 def test_an_unmeasured_cpu_is_trusted_with_one_stream_until_measured():
     d = slo(50)
-    gpu = DeviceLoad(workers=1, capacity=4, running=4, step_model=GPU_STEPS)  # full
+    xpu = DeviceLoad(workers=1, capacity=4, running=4, step_model=XPU_STEPS)  # full
     cpu = DeviceLoad(workers=1, capacity=8, running=0)  # not measured yet
-    assert d.choose(gpu, cpu, 10).device == CPU
+    assert d.choose(xpu, cpu, 10).device == CPU
     cpu.queued = 1  # its probe stream: the next ones wait for a measurement
-    decision = d.choose(gpu, cpu, 10)
-    assert decision.device == GPU and decision.rule == "slo_queue"
+    decision = d.choose(xpu, cpu, 10)
+    assert decision.device == XPU and decision.rule == "slo_queue"
     assert "xPU full (4/4)" in decision.reason and "CPU unmeasured" in decision.reason
     cpu.step_model = CPU_STEPS  # measured: 20 + 10 * 2 = 40 ms with one more
-    assert d.choose(gpu, cpu, 10).device == CPU
+    assert d.choose(xpu, cpu, 10).device == CPU
 
 
 def test_the_queue_reason_says_full_or_over_the_slo():
     d = slo(50)
-    gpu = DeviceLoad(workers=1, capacity=4, running=4, step_model=GPU_STEPS)
+    xpu = DeviceLoad(workers=1, capacity=4, running=4, step_model=XPU_STEPS)
     cpu = DeviceLoad(workers=1, capacity=8, running=8, step_model=(0.001, 0.001))
-    assert "CPU full (8/8)" in d.choose(gpu, cpu, 10).reason
+    assert "CPU full (8/8)" in d.choose(xpu, cpu, 10).reason
     cpu.running = 5  # room, but 20 + 10 * 6 = 80 ms
     cpu.step_model = CPU_STEPS
-    assert "CPU over the SLO with one more (80 ms > 50 ms)" in d.choose(gpu, cpu, 10).reason
+    assert "CPU over the SLO with one more (80 ms > 50 ms)" in d.choose(xpu, cpu, 10).reason
 
 
 def test_decode_device_forces_a_class_while_it_has_a_decoder():
-    gpu = DeviceLoad(workers=1, capacity=64, running=0, step_model=GPU_STEPS)
+    xpu = DeviceLoad(workers=1, capacity=64, running=0, step_model=XPU_STEPS)
     cpu = DeviceLoad(workers=1, capacity=8, running=8, step_model=CPU_STEPS)  # full, over SLO
-    assert slo(50, decode_device="cpu").choose(gpu, cpu, 10).device == CPU
-    gpu.running = 64
-    assert slo(50, decode_device="xpu").choose(gpu, cpu, 10).device == GPU
+    assert slo(50, decode_device="cpu").choose(xpu, cpu, 10).device == CPU
+    xpu.running = 64
+    assert slo(50, decode_device="xpu").choose(xpu, cpu, 10).device == XPU
     none = DeviceLoad()
-    assert Dispatcher(decode_device="cpu").choose(gpu, none, 10).device == GPU
+    assert Dispatcher(decode_device="cpu").choose(xpu, none, 10).device == XPU
 
 
 def test_step_time_model_fits_the_steps_an_engine_ran():
@@ -163,30 +163,30 @@ def test_the_heartbeat_predicts_from_the_cadence_once_it_has_eight_gaps():
 
 def test_the_slo_rule_admits_cpu_streams_by_their_tail_latency():
     d = slo(50)
-    gpu = DeviceLoad(workers=1, capacity=4, running=4, step_model=GPU_STEPS)  # full
+    xpu = DeviceLoad(workers=1, capacity=4, running=4, step_model=XPU_STEPS)  # full
     cpu = DeviceLoad(workers=1, capacity=8, running=1, step_model=CPU_STEPS)
-    assert d.choose(gpu, cpu, 10).device == CPU  # 40 ms with one more
+    assert d.choose(xpu, cpu, 10).device == CPU  # 40 ms with one more
     cpu.step_tail = 1.5  # slow steps at 60 ms: past the SLO
-    decision = d.choose(gpu, cpu, 10)
+    decision = d.choose(xpu, cpu, 10)
     assert (
-        decision.device == GPU
+        decision.device == XPU
         and "CPU over the SLO with one more (60 ms > 50 ms)" in decision.reason
     )
     assert cpu.predicted_itl() == pytest.approx(0.040)  # the typical latency is unchanged
 
 
 def test_every_decision_names_its_rule():
-    gpu = DeviceLoad(workers=1, capacity=4, running=4, step_model=GPU_STEPS)  # full
+    xpu = DeviceLoad(workers=1, capacity=4, running=4, step_model=XPU_STEPS)  # full
     cpu = DeviceLoad(workers=1, capacity=8, running=3, step_model=CPU_STEPS)  # 60 ms with one more
     none = DeviceLoad()
     cases = [
-        (Dispatcher(auto_pd_offload=False), gpu, cpu, "decode_device"),
-        (Dispatcher(decode_device="cpu"), gpu, cpu, "decode_device"),
-        (Dispatcher(), gpu, none, "no_cpu_decoder"),
+        (Dispatcher(auto_pd_offload=False), xpu, cpu, "decode_device"),
+        (Dispatcher(decode_device="cpu"), xpu, cpu, "decode_device"),
+        (Dispatcher(), xpu, none, "no_cpu_decoder"),
         (Dispatcher(), none, cpu, "no_xpu_decoder"),
-        (slo(100), gpu, cpu, "slo"),  # the CPU keeps 100 ms
-        (slo(50), gpu, cpu, "slo_queue"),  # neither keeps 50 ms
-        (Dispatcher(), gpu, cpu, "capacity"),  # no SLO: the xPU is full
+        (slo(100), xpu, cpu, "slo"),  # the CPU keeps 100 ms
+        (slo(50), xpu, cpu, "slo_queue"),  # neither keeps 50 ms
+        (Dispatcher(), xpu, cpu, "capacity"),  # no SLO: the xPU is full
     ]
     for dispatcher, g, c, rule in cases:
         decision = dispatcher.choose(g, c, 10)
@@ -202,7 +202,7 @@ def test_a_bad_decode_device_or_slo_is_refused():
 
 def test_a_cpu_with_a_free_slot_takes_a_job_queued_on_the_full_xpu_within_the_slo():
     d = slo(50)
-    full = DeviceLoad(workers=1, capacity=4, running=4, queued=2, step_model=GPU_STEPS)
+    full = DeviceLoad(workers=1, capacity=4, running=4, queued=2, step_model=XPU_STEPS)
     cpu = DeviceLoad(workers=1, capacity=8, running=1, step_model=CPU_STEPS)  # 40 ms with one more
     take = d.take_queued(full, cpu)
     assert take is not None and take.device == CPU and take.rule == "slo_take" in RULES

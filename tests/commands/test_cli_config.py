@@ -48,24 +48,24 @@ def test_init_uses_syshax_config_then_home(tmp_path: Path, monkeypatch, capsys) 
 
 def test_config_set_get_list(path: Path, capsys) -> None:
     # creates the file from the defaults when missing
-    assert main(["config", "gpu.port", "8100", "--config", str(path)]) == 0
-    assert capsys.readouterr().out.strip() == f"gpu.port = 8100 ({path})"
+    assert main(["config", "xpu.port", "8100", "--config", str(path)]) == 0
+    assert capsys.readouterr().out.strip() == f"xpu.port = 8100 ({path})"
     assert main(["config", "auto_pd_offload", "false", "--config", str(path)]) == 0
     assert main(["config", "redis.url", "redis://:pw@h:6379/0", "--config", str(path)]) == 0
     assert main(["config", "api_keys", "k1,k2", "--config", str(path)]) == 0
     cfg = load_config(path)
-    assert (cfg.gpu.port, cfg.auto_pd_offload, cfg.api_keys) == (8100, False, ["k1", "k2"])
-    assert cfg.redis.url == "redis://:pw@h:6379/0" and cfg.conductor.port == 8010
+    assert (cfg.xpu.port, cfg.auto_pd_offload, cfg.api_keys) == (8100, False, ["k1", "k2"])
+    assert cfg.redis.url == "redis://:pw@h:6379/0" and cfg.gateway.port == 8010
     capsys.readouterr()
-    assert main(["config", "gpu.port", "--config", str(path)]) == 0
+    assert main(["config", "xpu.port", "--config", str(path)]) == 0
     assert capsys.readouterr().out == "8100\n"
-    assert main(["config", "gpu.threads", "--config", str(path)]) == 0
+    assert main(["config", "xpu.threads", "--config", str(path)]) == 0
     assert capsys.readouterr().out == "null\n"
     assert main(["config", "--list", "--config", str(path)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == f"# {path}"
     assert lines[1:] == [f"{k}: {v}" for k, v in _listing(path).items()]
-    assert "gpu.port: 8100" in lines and "auto_pd_offload: false" in lines
+    assert "xpu.port: 8100" in lines and "auto_pd_offload: false" in lines
 
 
 def _listing(path: Path) -> dict[str, str]:
@@ -84,27 +84,27 @@ def test_config_reads_defaults_without_a_file(path: Path, capsys) -> None:
 
 
 def test_config_errors(path: Path, capsys) -> None:
-    assert main(["config", "gpu.prot", "1", "--config", str(path)]) == 2
+    assert main(["config", "xpu.prot", "1", "--config", str(path)]) == 2
     err = capsys.readouterr().err
-    assert "unknown key 'gpu.prot'; did you mean 'gpu.port'?" in err and "Valid keys:" in err
+    assert "unknown key 'xpu.prot'; did you mean 'xpu.port'?" in err and "Valid keys:" in err
     assert not path.exists()
-    assert main(["config", "gpu.prot", "--config", str(path)]) == 2
-    assert main(["config", "gpu.port", "http", "--config", str(path)]) == 2
-    assert "gpu.port: expected an integer, got 'http'" in capsys.readouterr().err
+    assert main(["config", "xpu.prot", "--config", str(path)]) == 2
+    assert main(["config", "xpu.port", "http", "--config", str(path)]) == 2
+    assert "xpu.port: expected an integer, got 'http'" in capsys.readouterr().err
     assert main(["config", "--config", str(path)]) == 2
-    assert main(["config", "gpu.port", "--list", "--config", str(path)]) == 2
+    assert main(["config", "xpu.port", "--list", "--config", str(path)]) == 2
     path.parent.mkdir(parents=True)
-    path.write_text("gpu: [\n")
-    assert main(["config", "gpu.port", "8100", "--config", str(path)]) == 1
+    path.write_text("xpu: [\n")
+    assert main(["config", "xpu.port", "8100", "--config", str(path)]) == 1
     assert f"{path}, line 2" in capsys.readouterr().err
-    assert path.read_text() == "gpu: [\n"  # a broken file is never overwritten
+    assert path.read_text() == "xpu: [\n"  # a broken file is never overwritten
 
 
 def test_config_warns_about_new_problems(path: Path, capsys) -> None:
-    assert main(["config", "gpu.port", "8010", "--config", str(path)]) == 0
+    assert main(["config", "xpu.port", "8010", "--config", str(path)]) == 0
     err = capsys.readouterr().err
-    assert "warning: port collision: conductor.port and gpu.port are both 8010" in err
-    assert load_config(path).gpu.port == 8010  # saved: the user may be mid-way through a swap
+    assert "warning: port collision: gateway.port and xpu.port are both 8010" in err
+    assert load_config(path).xpu.port == 8010  # saved: the user may be mid-way through a swap
 
 
 def test_config_model_relative_path_is_made_absolute(
@@ -150,15 +150,15 @@ def test_check_config(path: Path, capsys) -> None:
     assert main(["check-config", "--config", str(path)]) == 1
     out = capsys.readouterr().out
     assert "redis: redis://:***@h:6379/0" in out and "secret" not in out
-    assert "  - port collision: gpu.port and cpu.port are both 8011" in out
+    assert "  - port collision: xpu.port and cpu.port are both 8011" in out
     assert "  - model: no such file or folder:" in out and "config OK" not in out
 
 
 def test_check_config_reports_bad_file_and_env(path: Path, monkeypatch, capsys) -> None:
     path.parent.mkdir(parents=True)
-    path.write_text("gpu:\n  prot: 1\n")
+    path.write_text("xpu:\n  prot: 1\n")
     assert main(["check-config", "--config", str(path)]) == 1
-    assert f"{path}, line 2: unknown key 'gpu.prot'" in capsys.readouterr().err
+    assert f"{path}, line 2: unknown key 'xpu.prot'" in capsys.readouterr().err
     path.write_text("")
     monkeypatch.setenv("INFERENCE_OP_MODE", "bogus")
     assert main(["check-config", "--config", str(path)]) == 1
@@ -188,31 +188,31 @@ def test_config_help_lists_every_key_subprocess() -> None:
     ).stdout
     for key in config_keys():
         assert f"  {key} = " in out, key
-    assert "gpu.port = 8011" in out and "auto_pd_offload = true" in out
+    assert "xpu.port = 8011" in out and "auto_pd_offload = true" in out
     assert KEY_DOCS["cpu_max_batch_size"] in out
-    assert "syshax config gpu.port 8100" in out
+    assert "syshax config xpu.port 8100" in out
 
 
 def test_check_config_loads_the_emulated_profile(path: Path, capsys) -> None:
     assert main(["init", "--config", str(path)]) == 0
-    main(["config", "gpu.engine", "emulated", "--config", str(path)])
+    main(["config", "xpu.engine", "emulated", "--config", str(path)])
     main(["config", "slo.itl_ms", "40", "--config", str(path)])
     capsys.readouterr()
     assert main(["check-config", "--config", str(path)]) == 0
     out = capsys.readouterr().out
     assert "xpu worker: EMULATED accelerator 'h100'" in out
     assert "decodes: decode_device auto; inter-token latency SLO 40 ms" in out
-    main(["config", "gpu.profile", str(path.parent / "missing.yaml"), "--config", str(path)])
+    main(["config", "xpu.profile", str(path.parent / "missing.yaml"), "--config", str(path)])
     capsys.readouterr()
     assert main(["check-config", "--config", str(path)]) == 1
     out = capsys.readouterr().out
-    assert "  - gpu.profile: unknown accelerator profile" in out and "missing.yaml" in out
+    assert "  - xpu.profile: unknown accelerator profile" in out and "missing.yaml" in out
     bad = path.parent / "bad.yaml"
     bad.write_text("name: x\n")
-    main(["config", "gpu.profile", str(bad), "--config", str(path)])
+    main(["config", "xpu.profile", str(bad), "--config", str(path)])
     capsys.readouterr()
     assert main(["check-config", "--config", str(path)]) == 1
-    assert f"  - gpu.profile: {bad}: missing field(s)" in capsys.readouterr().out
+    assert f"  - xpu.profile: {bad}: missing field(s)" in capsys.readouterr().out
 
 
 def test_config_refuses_decode_device_cpu_with_offload_off(path: Path, capsys) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors import safe_open
-from syshax.shared.models import default_model_path
+from syshax.shared.default_model import default_model_path
 from syshax.shared.sampling import SamplingParams
 from syshax.shared.tokenizer import Tokenizer
 from syshax.shared.weights_digest import weights_digest

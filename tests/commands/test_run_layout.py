@@ -25,14 +25,14 @@ def _cfg(**keys: str) -> Config:
 @pytest.mark.parametrize(
     ("keys", "cli", "expected"),
     [
-        ({"gpu__device": "cpu"}, None, (0, CORES)),  # no accelerator: one worker, every core
-        ({"gpu__device": "cuda"}, None, (1, None)),  # accelerator: xPU + one CPU decoder
-        ({"gpu__device": "cpu", "cpu__workers": "2"}, None, (2, None)),  # asked for the split
+        ({"xpu__device": "cpu"}, None, (0, CORES)),  # no accelerator: one worker, every core
+        ({"xpu__device": "cuda"}, None, (1, None)),  # accelerator: xPU + one CPU decoder
+        ({"xpu__device": "cpu", "cpu__workers": "2"}, None, (2, None)),  # asked for the split
         # --cpu-workers wins over the config; the xPU worker, which by the config alone would
         # be the only worker and take every core, is told its half
-        ({"gpu__device": "cpu"}, 1, (1, HALF)),
-        ({"gpu__device": "cuda", "cpu__workers": "0"}, None, (0, None)),
-        ({"gpu__device": "cpu", "gpu__threads": "1"}, None, (0, None)),  # threads as set
+        ({"xpu__device": "cpu"}, 1, (1, HALF)),
+        ({"xpu__device": "cuda", "cpu__workers": "0"}, None, (0, None)),
+        ({"xpu__device": "cpu", "xpu__threads": "1"}, None, (0, None)),  # threads as set
     ],
 )
 def test_layout(keys, cli, expected):
@@ -41,7 +41,7 @@ def test_layout(keys, cli, expected):
 
 def test_single_worker_gets_every_core_and_both_roles():
     args = argparse.Namespace(engine="echo", cpu_workers=None, no_gateway=True)
-    children = run._children(args, _cfg(gpu__device="cpu"), None)
+    children = run._children(args, _cfg(xpu__device="cpu"), None)
     names = [c.name for c in children]
     assert names == ["xpu-worker", "batch-worker"]
     argv = children[0].argv

@@ -48,15 +48,15 @@ def _resolve(cfg: Config, *argv: str) -> tuple[str, str]:
     return settings.engine_and_class(cfg, o, frozenset(o.roles.split(",")))
 
 
-def test_the_xpu_class_follows_gpu_engine_and_the_cpu_class_runs_the_model():
-    emulated = _cfg(gpu__engine="emulated")
-    assert _resolve(emulated) == ("emulated", "gpu")  # prefill,decode: the xPU role
-    assert _resolve(emulated, "--roles", "decode") == ("model", "cpu")
-    assert _resolve(emulated, "--roles", "decode", "--device-class", "gpu") == ("emulated", "gpu")
-    assert _resolve(emulated, "--engine", "model") == ("model", "gpu")  # --engine wins
-    assert _resolve(Config()) == ("model", "gpu")  # native
+def test_the_xpu_class_follows_xpu_engine_and_the_cpu_class_runs_the_model():
+    emulated = _cfg(xpu__engine="emulated")
+    assert _resolve(emulated) == ("emulated", "xpu")  # prefill,decode: the xPU role
+    assert _resolve(emulated, "--roles", "decode") == ("native", "cpu")
+    assert _resolve(emulated, "--roles", "decode", "--device-class", "xpu") == ("emulated", "xpu")
+    assert _resolve(emulated, "--engine", "native") == ("native", "xpu")  # --engine wins
+    assert _resolve(Config()) == ("native", "xpu")  # native
     # --engine emulated is an accelerator: the xPU class even for a decode-only worker
-    assert _resolve(Config(), "--engine", "emulated", "--roles", "decode") == ("emulated", "gpu")
+    assert _resolve(Config(), "--engine", "emulated", "--roles", "decode") == ("emulated", "xpu")
     assert _resolve(Config(), "--engine", "echo", "--roles", "decode") == ("echo", "cpu")
 
 
@@ -66,8 +66,8 @@ def test_the_xpu_class_follows_gpu_engine_and_the_cpu_class_runs_the_model():
         (("--engine", "emulated", "--device-class", "cpu"), {}, "serves the xPU class"),
         (("--engine", "emulated", "--device", "cuda"), {}, "--device does not apply"),
         (("--engine", "emulated", "--profile", "nope"), {}, "--profile: unknown accelerator"),
-        (("--engine", "emulated",), {"gpu__profile": "/no/such.yaml"}, "gpu.profile: unknown"),
-        (("--engine", "model", "--profile", "a10"), {}, "--profile is for the emulated engine"),
+        (("--engine", "emulated",), {"xpu__profile": "/no/such.yaml"}, "xpu.profile: unknown"),
+        (("--engine", "native", "--profile", "a10"), {}, "--profile is for the emulated engine"),
     ],
 )  # fmt: skip
 def test_emulated_options_that_do_not_fit_are_refused(argv, keys, message):
@@ -81,12 +81,12 @@ def test_emulated_options_that_do_not_fit_are_refused(argv, keys, message):
 
 
 def test_the_profile_comes_from_the_option_else_the_config():
-    cfg = _cfg(gpu__profile="a100-40gb")
+    cfg = _cfg(xpu__profile="a100-40gb")
     emulated = _overrides("--engine", "emulated")
-    assert settings.emulated_profile(cfg, emulated, "emulated", "gpu").name == "a100-40gb"
+    assert settings.emulated_profile(cfg, emulated, "emulated", "xpu").name == "a100-40gb"
     o = _overrides("--engine", "emulated", "--profile", "a10")
-    assert settings.emulated_profile(cfg, o, "emulated", "gpu").name == "a10"
-    assert settings.emulated_profile(cfg, _overrides("--engine", "model"), "model", "gpu") is None
+    assert settings.emulated_profile(cfg, o, "emulated", "xpu").name == "a10"
+    assert settings.emulated_profile(cfg, _overrides("--engine", "native"), "native", "xpu") is None
 
 
 def test_build_engine_makes_an_emulated_engine_with_the_workers_settings():
@@ -114,10 +114,10 @@ def test_prompt_rows_while_decoding_defaults_to_a_cap_on_the_cpu_only():
 
 def test_a_bad_profile_or_class_exits_2_before_anything_starts(tmp_path: Path, caplog):
     path = tmp_path / "config.yaml"
-    save_config(_cfg(gpu__engine="emulated", gpu__profile="no-such-gpu"), path)
+    save_config(_cfg(xpu__engine="emulated", xpu__profile="no-such-gpu"), path)
     with caplog.at_level(logging.ERROR):
         assert main(["worker", "--config", str(path)]) == 2
-    assert "gpu.profile: unknown accelerator profile 'no-such-gpu'" in caplog.text
+    assert "xpu.profile: unknown accelerator profile 'no-such-gpu'" in caplog.text
     caplog.clear()
     with caplog.at_level(logging.ERROR):
         argv = ["worker", "--config", str(path), "--engine", "emulated", "--device-class", "cpu"]
@@ -127,24 +127,24 @@ def test_a_bad_profile_or_class_exits_2_before_anything_starts(tmp_path: Path, c
 
 def test_syshax_run_checks_the_profile_before_starting_anything(tmp_path: Path, capsys):
     path = tmp_path / "config.yaml"
-    save_config(_cfg(gpu__engine="emulated", gpu__profile="no-such-gpu"), path)
+    save_config(_cfg(xpu__engine="emulated", xpu__profile="no-such-gpu"), path)
     assert main(["run", "--config", str(path), "--no-gateway"]) == 2
-    assert "gpu.profile: unknown accelerator profile" in capsys.readouterr().err
+    assert "xpu.profile: unknown accelerator profile" in capsys.readouterr().err
 
 
-def test_syshax_run_with_gpu_engine_emulated_starts_an_emulated_xpu_and_real_cpu_workers():
-    cfg = _cfg(gpu__engine="emulated", gpu__device="cpu")
+def test_syshax_run_with_xpu_engine_emulated_starts_an_emulated_xpu_and_real_cpu_workers():
+    cfg = _cfg(xpu__engine="emulated", xpu__device="cpu")
     assert run.layout(cfg, None) == (1, None), "an emulated accelerator is an accelerator"
     args = argparse.Namespace(engine=None, cpu_workers=None, no_gateway=True)
     children = {c.name: c.argv for c in run._children(args, cfg, None)}
     assert list(children) == ["xpu-worker", "cpu-worker-0", "batch-worker"]
     xpu, cpu = children["xpu-worker"], children["cpu-worker-0"]
     assert xpu[xpu.index("--engine") + 1] == "emulated" and "--threads" not in xpu
-    assert cpu[cpu.index("--engine") + 1] == "model"
-    # --engine echo: the stand-in everywhere; --engine emulated without gpu.engine set
+    assert cpu[cpu.index("--engine") + 1] == "native"
+    # --engine echo: the stand-in everywhere; --engine emulated without xpu.engine set
     assert run.engines(cfg, "echo") == ("echo", "echo")
-    assert run.engines(Config(), "emulated") == ("emulated", "model")
-    assert run.engines(Config(), None) == ("model", "model")
+    assert run.engines(Config(), "emulated") == ("emulated", "native")
+    assert run.engines(Config(), None) == ("native", "native")
 
 
 def test_help_explains_the_engines_and_the_profile(capsys):
@@ -152,12 +152,25 @@ def test_help_explains_the_engines_and_the_profile(capsys):
         with pytest.raises(SystemExit):
             main([command, "--help"])
         text = " ".join(capsys.readouterr().out.split())
-        assert "emulated" in text and "gpu.engine" in text, command
+        assert "emulated" in text and "xpu.engine" in text, command
     with pytest.raises(SystemExit):
         main(["worker", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert "--profile NAME|PATH" in text and "gpu.profile" in text
+    assert "--profile NAME|PATH" in text and "xpu.profile" in text
 
 
 def test_the_profile_key_lists_every_builtin_profile():
-    assert all(name in KEY_DOCS["gpu.profile"] for name in BUILTIN_PROFILES)
+    assert all(name in KEY_DOCS["xpu.profile"] for name in BUILTIN_PROFILES)
+
+
+def test_the_seed_names_of_an_engine_and_a_class_still_work_with_a_warning(capsys):
+    """`--engine model` and `--device-class gpu` (the seed's names) mean native and xpu, as the
+    config says; each warns once on stderr. Other values stay refused."""
+    assert _resolve(Config(), "--engine", "model", "--device-class", "gpu") == ("native", "xpu")
+    err = capsys.readouterr().err
+    assert "--engine model is the old name of --engine native" in err
+    assert "--device-class gpu is the old name of --device-class xpu" in err
+    run_args = build_parser().parse_args(["run", "--engine", "model"])
+    assert run_args.engine == "native"
+    with pytest.raises(SystemExit):
+        _args("--device-class", "tpu")

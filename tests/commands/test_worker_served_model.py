@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 from syshax.shared.config import Config, set_key
-from syshax.shared.models import default_model_path
+from syshax.shared.default_model import default_model_path
 from syshax.shared.weights_digest import weights_digest
 from syshax.workers.build import build_engine
 from syshax.workers.settings import WorkerOverrides, WorkerSettings

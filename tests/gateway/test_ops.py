@@ -134,7 +134,7 @@ def test_health(thread_farm):
     assert r.json()["redis"] == "ok" and "no live prefill or decode worker" in r.json()["reason"]
     now = time.time()
     beats = {
-        "w-gpu": {"roles": "prefill,decode", "device_class": "gpu", "last_seen": now},
+        "w-gpu": {"roles": "prefill,decode", "device_class": "xpu", "last_seen": now},
         "w-cpu": {"roles": "decode", "device_class": "cpu", "last_seen": now},
         "w-old": {"roles": "decode", "device_class": "cpu", "last_seen": now - 60},
     }
@@ -147,7 +147,7 @@ def test_health(thread_farm):
     assert r.json() == {
         "status": "ok",
         "redis": "ok",
-        "workers": {"prefill": 1, "decode": {"gpu": 1, "cpu": 1}},
+        "workers": {"prefill": 1, "decode": {"xpu": 1, "cpu": 1}},
     }
     assert b"w-expired" not in f.r.smembers(f.keys.workers)
 
@@ -197,7 +197,7 @@ def test_metrics(thread_farm):
     assert 'syshax:queue_pending{stream="decode:cpu"} 0.0' in text
     assert 'syshax:queue_length{stream="prefill:batch"} 0.0' in text
     assert "syshax:kv_leases 0.0" in text and "syshax:kv_lease_bytes 0.0" in text
-    assert 'syshax:num_requests_running_by_device{device_class="gpu"}' in text
+    assert 'syshax:num_requests_running_by_device{device_class="xpu"}' in text
 
 
 def test_gateway_does_not_import_torch():

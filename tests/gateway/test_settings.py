@@ -17,8 +17,8 @@ FROM_CONFIG = {
     "api_keys": "api_keys",
     "redis_url": "redis.url",
     "key_prefix": "redis.prefix",
-    "host": "conductor.host",
-    "port": "conductor.port",
+    "host": "gateway.host",
+    "port": "gateway.port",
 }
 
 
@@ -36,8 +36,8 @@ def test_from_config_carries_every_key_the_gateway_reads() -> None:
         "api_keys": "k1,k2",
         "redis.url": "redis://h:1/2",
         "redis.prefix": "pfx",
-        "conductor.host": "0.0.0.0",
-        "conductor.port": "9100",
+        "gateway.host": "0.0.0.0",
+        "gateway.port": "9100",
     }.items():
         cfg = set_key(cfg, key, text)
     settings = GatewaySettings.from_config(cfg)

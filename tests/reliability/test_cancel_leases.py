@@ -25,7 +25,7 @@ def start(proc_farm) -> ProcFarm:
     farm = proc_farm(kv_store="auto")  # every worker on this host: KV goes through shm
     farm.start_gateway("gateway", "--disconnect-grace", "0.3")
     farm.start_gateway("short", "--request-timeout", "1.5")
-    names = [farm.start_worker("xpu", roles="prefill,decode", device_class="gpu", step_delay=STEP)]
+    names = [farm.start_worker("xpu", roles="prefill,decode", device_class="xpu", step_delay=STEP)]
     names += [farm.start_worker(f"cpu{i}", step_delay=STEP) for i in range(2)]
     farm.wait_registered(names)
     farm.wait_healthy("gateway")

@@ -33,7 +33,7 @@ def farm(tmp_path_factory) -> Iterator[ProcFarm]:
     farm = ProcFarm(tmp_path_factory.mktemp("hostile"), max_model_len=256, request_timeout=20)
     try:
         farm.start_gateway()
-        farm.start_worker("xpu", roles="prefill,decode", device_class="gpu")
+        farm.start_worker("xpu", roles="prefill,decode", device_class="xpu")
         farm.wait_registered(["xpu"])
         farm.wait_healthy()
         yield farm
@@ -198,7 +198,7 @@ def test_malformed_messages_go_to_dead_letter_and_the_queue_keeps_flowing(farm, 
     for fields in POISON.values():
         farm.r.xadd(KEYS.prefill_stream, fields)
     for fields in POISON_DECODE.values():
-        farm.r.xadd(KEYS.decode_stream("gpu"), fields)
+        farm.r.xadd(KEYS.decode_stream("xpu"), fields)
     # Valid types, absurd sizes: refused with an error event for that request only.
     farm.r.xadd(KEYS.prefill_stream, {"j": job(request_id="huge", prompt_ids=[7] * 200_000)})
     client = farm.client()

@@ -27,7 +27,7 @@ def test_prefill_worker_killed_mid_prefill_is_prefilled_elsewhere(proc_farm, tok
     farm.start_gateway()
     # A prefill that takes 2 s: long enough to kill the worker in the middle of it (and
     # shorter than the heartbeat TTL, which must exceed a worker's longest engine step).
-    farm.start_worker("p-slow", roles="prefill", device_class="gpu", step_delay=2.0)
+    farm.start_worker("p-slow", roles="prefill", device_class="xpu", step_delay=2.0)
     farm.start_worker("d1", roles="decode", device_class="cpu", step_delay=0.01)
     farm.wait_registered(["p-slow", "d1"])
     farm.wait_healthy()
@@ -43,7 +43,7 @@ def test_prefill_worker_killed_mid_prefill_is_prefilled_elsewhere(proc_farm, tok
         assert taken >= 1, "the slow prefill worker is in the middle of a prefill"
         farm.kill("p-slow")
         killed_at = time.monotonic()
-        farm.start_worker("p-fast", roles="prefill", device_class="gpu")
+        farm.start_worker("p-fast", roles="prefill", device_class="xpu")
         outcomes = [f.result(60) for f in futures]
     recovered_in = time.monotonic() - killed_at
     for o in outcomes:

@@ -23,7 +23,7 @@ CLEAN = {"leases": (0, 0), "shm": [], "entries": 0, "pending": 0, "busy": {}}
 def start(proc_farm) -> ProcFarm:
     farm = proc_farm(request_timeout=120)
     farm.start_gateway()
-    farm.start_worker("xpu", roles="prefill,decode", device_class="gpu", step_delay=0.02)
+    farm.start_worker("xpu", roles="prefill,decode", device_class="xpu", step_delay=0.02)
     farm.start_worker("cpu", roles="decode", device_class="cpu", step_delay=0.02)
     farm.wait_registered(["xpu", "cpu"])
     farm.wait_healthy()
@@ -129,7 +129,7 @@ def test_worker_survives_redis_losing_its_data_between_two_commands(redis_url):
     from syshax.workers.worker import Worker, WorkerOptions
 
     r = redis_lib.Redis.from_url(redis_url)
-    opts = WorkerOptions("w", frozenset({"prefill", "decode"}), "gpu", block_ms=20)
+    opts = WorkerOptions("w", frozenset({"prefill", "decode"}), "xpu", block_ms=20)
     worker = Worker(EchoEngine(max_num_seqs=4), r, opts, Dispatcher(auto_pd_offload=False))
     stop = threading.Event()
     thread = threading.Thread(target=worker.serve, args=(stop, 1.0), daemon=True)

@@ -23,7 +23,7 @@ def farm(tmp_path_factory) -> Iterator[ProcFarm]:
     farm = ProcFarm(tmp_path_factory.mktemp("resume"), output_ttl=OUTPUT_TTL)
     try:
         farm.start_gateway("gateway", "--disconnect-grace", "3")
-        farm.start_worker("xpu", roles="prefill", device_class="gpu")
+        farm.start_worker("xpu", roles="prefill", device_class="xpu")
         farm.start_worker("d1", step_delay=0.05)
         farm.wait_registered(["xpu", "d1"])
         farm.wait_healthy()

@@ -38,15 +38,15 @@ class RunFarm:
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
         cfg = Config()
-        cfg.conductor.port = free_port()
-        cfg.gpu.port, cfg.cpu.port = free_port(), free_port()
+        cfg.gateway.port = free_port()
+        cfg.xpu.port, cfg.cpu.port = free_port(), free_port()
         cfg.cpu.workers = 1  # an xPU-role worker and a CPU decode worker: KV crosses shm
         cfg.decode_device = "cpu"
         cfg.max_model_len = 1024
         cfg.shutdown_grace = 30
         self.config = tmp / "config.yaml"
         save_config(cfg, self.config)
-        self.url = f"http://127.0.0.1:{cfg.conductor.port}"
+        self.url = f"http://127.0.0.1:{cfg.gateway.port}"
         self.log_path = tmp / "run.log"
         self.env = {**os.environ, "XDG_STATE_HOME": str(tmp / "state"), "PYTHONUNBUFFERED": "1"}
         self.env.pop("SYSHAX_REDIS_URL", None)

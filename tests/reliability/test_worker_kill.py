@@ -95,7 +95,7 @@ STEP_DELAY = 0.05  # seconds per decode step: a 60-token request lasts ~3 s undi
 def start_farm(proc_farm) -> ProcFarm:
     farm = proc_farm()
     farm.start_gateway()
-    names = [farm.start_worker("xpu", roles="prefill", device_class="gpu")]
+    names = [farm.start_worker("xpu", roles="prefill", device_class="xpu")]
     names += [farm.start_worker(roles="decode", step_delay=STEP_DELAY) for _ in range(3)]
     farm.wait_registered(names)
     farm.wait_healthy()
@@ -176,7 +176,7 @@ def test_restart_under_the_same_id_takes_its_own_jobs_back(proc_farm, tokenizer)
     this test's one-in-many stall on a loaded machine, once marked xfail)."""
     farm = proc_farm()
     farm.start_gateway()
-    farm.start_worker("xpu", roles="prefill", device_class="gpu")
+    farm.start_worker("xpu", roles="prefill", device_class="xpu")
     farm.start_worker("cpu-fixed", step_delay=STEP_DELAY, heartbeat_ttl=10)
     farm.wait_registered(["xpu", "cpu-fixed"])
     farm.wait_healthy()

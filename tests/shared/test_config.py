@@ -45,7 +45,7 @@ def test_defaults_match_the_documented_values() -> None:
         2048,
     )
     assert cfg.auto_pd_offload is True and cfg.cpu_max_batch_size == 8
-    assert (cfg.conductor.port, cfg.gpu.port, cfg.cpu.port) == (8010, 8011, 8012)
+    assert (cfg.gateway.port, cfg.xpu.port, cfg.cpu.port) == (8010, 8011, 8012)
     assert cfg.redis.url is None and cfg.redis.prefix == "syshax"
     assert (cfg.kv.store, cfg.kv.ttl, cfg.output.ttl, cfg.queue.max_depth) == (
         "auto",
@@ -60,34 +60,34 @@ def test_defaults_match_the_documented_values() -> None:
 def test_every_key_has_a_doc_and_keys_are_in_file_order() -> None:
     assert set(config_keys()) == set(KEY_DOCS)
     assert config_keys()[:2] == ["model", "served_model_name"]
-    assert "gpu.port" in config_keys() and "redis.url" in config_keys()
+    assert "xpu.port" in config_keys() and "redis.url" in config_keys()
     assert all(doc and "\n" not in doc for doc in KEY_DOCS.values())
 
 
 def test_docs_and_rules_come_from_the_pydantic_fields() -> None:
-    from syshax.shared.config import SECTION_DOCS, GpuConfig
+    from syshax.shared.config import SECTION_DOCS, XpuConfig
     from syshax.shared.config_schema import FIELDS
 
     for key in config_keys():
         assert FIELDS[key].description and KEY_DOCS[key] == FIELDS[key].description, key
-    assert KEY_DOCS["gpu.port"] == GpuConfig.model_fields["port"].description
-    assert SECTION_DOCS["gpu"] == GpuConfig.__doc__.strip() and all(SECTION_DOCS.values())
-    assert GpuConfig.model_fields["port"].default == Config().gpu.port == 8011
+    assert KEY_DOCS["xpu.port"] == XpuConfig.model_fields["port"].description
+    assert SECTION_DOCS["xpu"] == XpuConfig.__doc__.strip() and all(SECTION_DOCS.values())
+    assert XpuConfig.model_fields["port"].default == Config().xpu.port == 8011
 
 
 def test_pydantic_errors_read_in_plain_words() -> None:
     for data, expected in [
-        ({"gpu": {"port": 0}}, "gpu.port: must be between 1 and 65535, got 0"),
+        ({"xpu": {"port": 0}}, "xpu.port: must be between 1 and 65535, got 0"),
         ({"cpu": {"workers": -1}}, "cpu.workers: must be >= 0, got -1"),
         ({"log_level": "loud"}, "log_level: must be one of debug, info, warning, error, critical; got 'loud'"),
-        ({"gpu": {"device": "cuda:1x"}}, "gpu.device: must be auto, cpu, cuda or cuda:N; got 'cuda:1x'"),
+        ({"xpu": {"device": "cuda:1x"}}, "xpu.device: must be auto, cpu, cuda or cuda:N; got 'cuda:1x'"),
         ({"kv": {"prefix_caching": "yes"}}, "kv.prefix_caching: expected true or false, got 'yes'"),
         ({"kv": {"ttl": 1.5}}, "kv.ttl: expected an integer, got 1.5"),
-        ({"gpu": {"threads": True}}, "gpu.threads: expected an integer, got True"),
+        ({"xpu": {"threads": True}}, "xpu.threads: expected an integer, got True"),
         ({"dtype": None}, "dtype: may not be null"),
         ({"redis": {"prefix": ""}}, "redis.prefix: may not be empty"),
         ({"redis": {"prefix": "syshax", "url": None}}, None),  # null is fine for an Optional key
-        ({"kv": None, "gpu": {}}, None),  # an empty section keeps its defaults
+        ({"kv": None, "xpu": {}}, None),  # an empty section keeps its defaults
     ]:  # fmt: skip
         if expected is None:
             assert Config.from_dict(data) == Config()
@@ -96,8 +96,8 @@ def test_pydantic_errors_read_in_plain_words() -> None:
             Config.from_dict(data)
         assert str(info.value) == expected
     with pytest.raises(ConfigError) as info:
-        Config.from_dict({"zzz": 1, "gpu": {"port": 0, "prot": 2}, "dtype": "fp8"})
-    assert [k for k, _ in info.value.problems] == ["zzz", "gpu.port", "gpu.prot", "dtype"]
+        Config.from_dict({"zzz": 1, "xpu": {"port": 0, "prot": 2}, "dtype": "fp8"})
+    assert [k for k, _ in info.value.problems] == ["zzz", "xpu.port", "xpu.prot", "dtype"]
     # the constructor validates too (pydantic's own error); assignment does not: see validate
     with pytest.raises(ValueError, match="dtype"):
         Config(dtype="fp8")
@@ -107,11 +107,11 @@ def test_save_load_round_trip_with_comments(tmp_path: Path) -> None:
     path = tmp_path / "sub" / "config.yaml"
     save_config(Config(), path)
     text = path.read_text()
-    assert f"# {KEY_DOCS['gpu.port']}" in text and "  port: 8011" in text
+    assert f"# {KEY_DOCS['xpu.port']}" in text and "  port: 8011" in text
     assert stat.S_IMODE(path.stat().st_mode) == 0o600  # may hold API keys and a Redis password
     assert load_config(path) == Config()
     cfg = set_key(set_key(Config(), "api_keys", "k1,k2"), "redis.url", "redis://:pw@h:6379/2")
-    cfg = set_key(cfg, "gpu.threads", "3")
+    cfg = set_key(cfg, "xpu.threads", "3")
     save_config(cfg, path)
     assert load_config(path) == cfg
     assert Config.from_dict(cfg.to_dict()) == cfg
@@ -126,8 +126,8 @@ def test_missing_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert resolve_config_path() == tmp_path / "env.yaml"
     with pytest.raises(ConfigError, match="env.yaml: no such file"):
         load_config()
-    save_config(set_key(Config(), "gpu.port", "9000"), tmp_path / "env.yaml")
-    assert load_config().gpu.port == 9000
+    save_config(set_key(Config(), "xpu.port", "9000"), tmp_path / "env.yaml")
+    assert load_config().xpu.port == 9000
     assert resolve_config_path(tmp_path / "x.yaml") == tmp_path / "x.yaml"  # --config wins
 
 
@@ -135,17 +135,17 @@ def test_empty_file_is_the_defaults(tmp_path: Path) -> None:
     path = tmp_path / "c.yaml"
     path.write_text("# nothing set\n")
     assert load_config(path) == Config()
-    path.write_text("gpu:\nmodel: default\n")  # an empty section keeps its defaults
+    path.write_text("xpu:\nmodel: default\n")  # an empty section keeps its defaults
     assert load_config(path) == Config()
 
 
 def test_yaml_syntax_error_names_file_and_line(tmp_path: Path) -> None:
     path = tmp_path / "broken.yaml"
-    path.write_text("gpu:\n  port: 1\n port: 3\n")
+    path.write_text("xpu:\n  port: 1\n port: 3\n")
     with pytest.raises(ConfigError, match=r"broken\.yaml, line 3, column \d+: invalid YAML"):
         load_config(path)
-    path.write_text("gpu:\n  port: 1\ngpu:\n  port: 2\n")
-    with pytest.raises(ConfigError, match=r"duplicate key 'gpu' \(first on line 1\)"):
+    path.write_text("xpu:\n  port: 1\nxpu:\n  port: 2\n")
+    with pytest.raises(ConfigError, match=r"duplicate key 'xpu' \(first on line 1\)"):
         load_config(path)
     path.write_text("- a\n- b\n")
     with pytest.raises(ConfigError, match="expected a mapping"):
@@ -158,11 +158,11 @@ def test_unknown_key_and_bad_value_name_file_line_key(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         load_config(path)
     msg = str(info.value)
-    assert f"{path}, line 3: unknown key 'gpu.prot'; did you mean 'gpu.port'?" in msg
-    assert f"{path}, line 4: gpu.port: must be between 1 and 65535, got 0" in msg
+    assert f"{path}, line 3: unknown key 'xpu.prot'; did you mean 'xpu.port'?" in msg
+    assert f"{path}, line 4: xpu.port: must be between 1 and 65535, got 0" in msg
     assert "line 5: unknown key 'dtyp'; did you mean 'dtype'?" in msg
     assert "cpu: expected a section with keys cpu.host, cpu.port" in msg
-    assert [k for k, _ in info.value.problems] == ["gpu.prot", "gpu.port", "dtyp", "cpu"]
+    assert [k for k, _ in info.value.problems] == ["xpu.prot", "xpu.port", "dtyp", "cpu"]
 
 
 def test_load_checks_types(tmp_path: Path) -> None:
@@ -171,7 +171,7 @@ def test_load_checks_types(tmp_path: Path) -> None:
         ("max_model_len: 8\n", "max_model_len: must be >= 16, got 8"),
         ("auto_pd_offload: maybe\n", "auto_pd_offload: expected true or false, got 'maybe'"),
         ("request_timeout: 1.5\n", "request_timeout: expected an integer, got 1.5"),
-        ("gpu:\n  port: yes\n", "gpu.port: expected an integer, got True"),
+        ("xpu:\n  port: yes\n", "xpu.port: expected an integer, got True"),
         ("model: null\n", "model: may not be null"),
         ("api_keys: abc\n", "api_keys: expected a list of strings"),
     ]:
@@ -186,14 +186,14 @@ def test_load_checks_types(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("key", "text", "value"),
     [
-        ("gpu.port", "8100", 8100),
-        ("gpu.port", " 65535 ", 65535),
+        ("xpu.port", "8100", 8100),
+        ("xpu.port", " 65535 ", 65535),
         ("auto_pd_offload", "false", False),
         ("auto_pd_offload", "Yes", True),
         ("auto_pd_offload", "0", False),
         ("cpu_max_batch_size", "1", 1),
         ("request_timeout", "30", 30),
-        ("gpu.threads", "null", None),
+        ("xpu.threads", "null", None),
         ("cpu.threads", "None", None),
         ("cpu.threads", "4", 4),
         ("redis.url", "rediss://:pw@redis.example:6380/1", "rediss://:pw@redis.example:6380/1"),
@@ -201,7 +201,7 @@ def test_load_checks_types(tmp_path: Path) -> None:
         ("served_model_name", "my-model", "my-model"),
         ("model", "/models/x.gguf", "/models/x.gguf"),
         ("dtype", "bfloat16", "bfloat16"),
-        ("gpu.device", "cuda:1", "cuda:1"),
+        ("xpu.device", "cuda:1", "cuda:1"),
         ("kv.store", "shm", "shm"),
         ("api_keys", "a, b,,c", ["a", "b", "c"]),
         ("api_keys", "[x, 'y z']", ["x", "y z"]),
@@ -218,16 +218,16 @@ def test_set_key_parses_by_type(key: str, text: str, value: object) -> None:
 @pytest.mark.parametrize(
     ("key", "text", "message"),
     [
-        ("gpu.port", "0", "gpu.port: must be between 1 and 65535, got 0"),
-        ("conductor.port", "70000", "conductor.port: must be between 1 and 65535, got 70000"),
-        ("gpu.port", "eighty", "gpu.port: expected an integer, got 'eighty'"),
+        ("xpu.port", "0", "xpu.port: must be between 1 and 65535, got 0"),
+        ("gateway.port", "70000", "gateway.port: must be between 1 and 65535, got 70000"),
+        ("xpu.port", "eighty", "xpu.port: expected an integer, got 'eighty'"),
         ("cpu_max_batch_size", "0", "cpu_max_batch_size: must be >= 1, got 0"),
         ("request_timeout", "-5", "request_timeout: must be >= 1, got -5"),
         ("max_model_len", "15", "max_model_len: must be >= 16, got 15"),
         ("auto_pd_offload", "maybe", "auto_pd_offload: expected true/false (yes/no, 1/0)"),
-        ("gpu.port", "null", "gpu.port: expected an integer, got 'null'"),
+        ("xpu.port", "null", "xpu.port: expected an integer, got 'null'"),
         ("dtype", "fp8", "dtype: must be one of float32, bfloat16, float16; got 'fp8'"),
-        ("gpu.device", "tpu", "gpu.device: must be auto, cpu, cuda or cuda:N; got 'tpu'"),
+        ("xpu.device", "tpu", "xpu.device: must be auto, cpu, cuda or cuda:N; got 'tpu'"),
         ("kv.store", "disk", "kv.store: must be one of auto, shm, redis"),
         ("kv.store", "local", "kv.store: must be one of auto, shm, redis"),
         ("log_level", "loud", "log_level: must be one of debug, info, warning"),
@@ -244,12 +244,12 @@ def test_set_key_rejects_bad_values(key: str, text: str, message: str) -> None:
 
 def test_unknown_key_suggests_and_lists_valid_keys() -> None:
     with pytest.raises(ConfigError) as info:
-        set_key(Config(), "gpu.prot", "1")
+        set_key(Config(), "xpu.prot", "1")
     msg = str(info.value)
-    assert "unknown key 'gpu.prot'; did you mean 'gpu.port'?" in msg
+    assert "unknown key 'xpu.prot'; did you mean 'xpu.port'?" in msg
     assert "Valid keys: model, served_model_name" in msg and "api_keys" in msg
-    with pytest.raises(ConfigError, match="'gpu' is a section"):
-        set_key(Config(), "gpu", "1")
+    with pytest.raises(ConfigError, match="'xpu' is a section"):
+        set_key(Config(), "xpu", "1")
     with pytest.raises(ConfigError, match="unknown key 'zzz'. Valid keys"):
         get_key(Config(), "zzz")
 
@@ -259,17 +259,17 @@ def test_validate_defaults_are_fine() -> None:
 
 
 def test_validate_port_collisions() -> None:
-    cfg = set_key(Config(), "gpu.port", "8010")
-    assert validate(cfg) == ["port collision: conductor.port and gpu.port are both 8010"]
+    cfg = set_key(Config(), "xpu.port", "8010")
+    assert validate(cfg) == ["port collision: gateway.port and xpu.port are both 8010"]
     # different hosts may share a port, unless one of them listens on every interface
-    cfg = set_key(cfg, "gpu.host", "10.0.0.2")
+    cfg = set_key(cfg, "xpu.host", "10.0.0.2")
     assert validate(cfg) == []
-    assert validate(set_key(cfg, "conductor.host", "0.0.0.0")) != []
+    assert validate(set_key(cfg, "gateway.host", "0.0.0.0")) != []
     # CPU worker i listens on cpu.port + i
     cfg = set_key(set_key(Config(), "cpu.workers", "3"), "cpu.port", "8009")
     assert validate(cfg) == [
-        "port collision: conductor.port and cpu.port + 1 (CPU worker 1) are both 8010",
-        "port collision: gpu.port and cpu.port + 2 (CPU worker 2) are both 8011",
+        "port collision: gateway.port and cpu.port + 1 (CPU worker 1) are both 8010",
+        "port collision: xpu.port and cpu.port + 2 (CPU worker 2) are both 8011",
     ]
     cfg = set_key(set_key(Config(), "cpu.workers", "2"), "cpu.port", "65535")
     assert "cpu.port: 2 workers from port 65535 pass 65535" in validate(cfg)
@@ -296,11 +296,11 @@ def test_validate_model_redis_and_field_values(tmp_path: Path) -> None:
     for url in ("redis://localhost:6379/0", "rediss://u:p@h:6380", "unix:///tmp/r.sock"):
         assert validate(set_key(Config(), "redis.url", url)) == []
     bad = Config()  # assignments are not checked; validate re-checks every value
-    bad.dtype, bad.max_model_len, bad.gpu.max_batch_size = "fp8", 8, 0
+    bad.dtype, bad.max_model_len, bad.xpu.max_batch_size = "fp8", 8, 0
     assert validate(bad) == [
         "dtype: must be one of float32, bfloat16, float16; got 'fp8'",
         "max_model_len: must be >= 16, got 8",
-        "gpu.max_batch_size: must be >= 1, got 0",
+        "xpu.max_batch_size: must be >= 1, got 0",
     ]
 
 
@@ -414,3 +414,22 @@ def test_docs_table_matches_the_code() -> None:
         assert f"| `{key}` | `{format_value(get_key(cfg, key))}` | {doc} |" in text, key
     for name in env.ENV_VARS:
         assert f"| `{name}` |" in text, name
+
+
+def test_the_seed_section_names_are_aliases(tmp_path: Path) -> None:
+    """`gpu` is read as `xpu` and `conductor` as `gateway`, in a file (its lines still named)
+    and by set_key/get_key; a file giving both names of one section is refused."""
+    path = tmp_path / "c.yaml"
+    path.write_text("conductor:\n  port: 9100\ngpu:\n  engine: emulated\n  port: 0\n")
+    with pytest.raises(ConfigError, match=r"line 5: xpu.port: must be between 1 and 65535"):
+        load_config(path)
+    path.write_text("conductor:\n  port: 9100\ngpu:\n  engine: emulated\n")
+    cfg = load_config(path)
+    assert (cfg.gateway.port, cfg.xpu.engine) == (9100, "emulated")
+    cfg = set_key(cfg, "gpu.port", "9200")
+    assert cfg.xpu.port == 9200 and get_key(cfg, "gpu.port") == get_key(cfg, "xpu.port") == 9200
+    assert get_key(set_key(cfg, "conductor.host", "0.0.0.0"), "gateway.host") == "0.0.0.0"
+    path.write_text("gpu:\n  port: 9000\nxpu:\n  port: 9001\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert info.value.problems == [("gpu", "the old name of section 'xpu'; give one of the two")]

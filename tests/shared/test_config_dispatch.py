@@ -1,4 +1,4 @@
-"""The config keys of heterogeneous capacity: gpu.engine, gpu.profile, slo.itl_ms and
+"""The config keys of heterogeneous capacity: xpu.engine, xpu.profile, slo.itl_ms and
 decode_device, with auto_pd_offload kept (false = decode_device xpu; false with cpu = error)."""
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def _load(tmp_path: Path, text: str) -> Config:
 
 def test_defaults_are_the_native_engine_no_slo_and_auto_dispatch():
     cfg = Config()
-    assert (cfg.gpu.engine, cfg.gpu.profile) == ("native", "h100")
+    assert (cfg.xpu.engine, cfg.xpu.profile) == ("native", "h100")
     assert (cfg.slo.itl_ms, cfg.slo_itl_s, cfg.decode_device) == (None, None, "auto")
 
 
@@ -43,12 +43,12 @@ def test_valid_values_from_the_file(tmp_path: Path):
         tmp_path,
         "decode_device: cpu\ngpu:\n  engine: emulated\n  profile: a10\nslo:\n  itl_ms: 50\n",
     )
-    assert (cfg.decode_device, cfg.gpu.engine, cfg.gpu.profile) == ("cpu", "emulated", "a10")
+    assert (cfg.decode_device, cfg.xpu.engine, cfg.xpu.profile) == ("cpu", "emulated", "a10")
     assert cfg.slo.itl_ms == 50.0 and cfg.slo_itl_s == pytest.approx(0.05)
     assert _load(tmp_path, "slo:\n  itl_ms: 12.5\n").slo_itl_s == pytest.approx(0.0125)
     assert _load(tmp_path, "slo:\n  itl_ms: null\n").slo.itl_ms is None
     assert _load(tmp_path, "slo:\n").slo.itl_ms is None  # an empty section: its defaults
-    assert _load(tmp_path, "gpu:\n  profile: ./my-gpu.yaml\n").gpu.profile == "./my-gpu.yaml"
+    assert _load(tmp_path, "xpu:\n  profile: ./my-gpu.yaml\n").xpu.profile == "./my-gpu.yaml"
 
 
 @pytest.mark.parametrize(
@@ -58,8 +58,8 @@ def test_valid_values_from_the_file(tmp_path: Path):
         ("slo.itl_ms", " 0.5 ", 0.5),
         ("slo.itl_ms", "null", None),
         ("decode_device", "xpu", "xpu"),
-        ("gpu.engine", "emulated", "emulated"),
-        ("gpu.profile", "a100-40gb", "a100-40gb"),
+        ("xpu.engine", "emulated", "emulated"),
+        ("xpu.profile", "a100-40gb", "a100-40gb"),
     ],
 )
 def test_set_key_parses_the_new_keys(key: str, text: str, value: object):
@@ -77,8 +77,8 @@ def test_set_key_parses_the_new_keys(key: str, text: str, value: object):
         ("slo:\n  itl_ms: .inf\n", "slo.itl_ms: must be a finite number, got inf"),
         ("slo:\n  itl: 50\n", "unknown key 'slo.itl'; did you mean 'slo.itl_ms'?"),
         ("slo: 50\n", "slo: expected a section with keys slo.itl_ms"),
-        ("gpu:\n  engine: tpu\n", "gpu.engine: must be one of native, emulated, vllm; got 'tpu'"),
-        ("gpu:\n  profile: ''\n", "gpu.profile: may not be empty"),
+        ("xpu:\n  engine: tpu\n", "xpu.engine: must be one of native, emulated, vllm; got 'tpu'"),
+        ("xpu:\n  profile: ''\n", "xpu.profile: may not be empty"),
         ("decode_device: gpu\n", "decode_device: must be one of auto, xpu, cpu; got 'gpu'"),
     ],
 )
@@ -93,7 +93,7 @@ def test_bad_values_are_refused_naming_the_key(tmp_path: Path, text: str, messag
         ("slo.itl_ms", "0", "must be > 0, got 0.0"),
         ("slo.itl_ms", "fast", "expected a number, got 'fast'"),
         ("decode_device", "both", "must be one of auto, xpu, cpu"),
-        ("gpu.engine", "tpu", "must be one of native, emulated, vllm"),
+        ("xpu.engine", "tpu", "must be one of native, emulated, vllm"),
     ],
 )
 def test_set_key_refuses_bad_values(key: str, text: str, message: str):

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import gguf
 import pytest
+from syshax.shared.default_model import default_model_path
 from syshax.shared.detokenizer import IncrementalDetokenizer
-from syshax.shared.models import default_model_path
 from syshax.shared.tokenizer import Tokenizer
 
 MULTIBYTE = "你好，世界！这是一个测试。😀🎉👍🏽 👨‍👩‍👧 Ünïcödé ❤️ ok"

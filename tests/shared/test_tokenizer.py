@@ -16,7 +16,8 @@ from pathlib import Path
 
 import gguf
 import pytest
-from syshax.shared.models import default_model_path, read_gguf_metadata
+from syshax.shared.default_model import default_model_path
+from syshax.shared.gguf_reader import read_gguf_metadata
 from syshax.shared.tokenizer import ChatTemplateError, Tokenizer, TokenizerError
 from tokenizers import Tokenizer as Backend
 from tokenizers import pre_tokenizers
@@ -430,7 +431,7 @@ def test_module_is_torch_free() -> None:
     import sys
 
     code = (
-        "import sys, syshax.shared.tokenizer, syshax.shared.detokenizer, syshax.shared.models;"
+        "import sys, syshax.shared.tokenizer, syshax.shared.detokenizer, syshax.shared.gguf_reader;"
         "bad = {'torch', 'transformers'} & set(sys.modules); assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

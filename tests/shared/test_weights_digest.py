@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 from syshax.shared import weights_digest as wd
-from syshax.shared.models import read_gguf_info
+from syshax.shared.gguf_reader import read_gguf_info
 from syshax.shared.weights_digest import (
     BLOCK,
     LINEAGE_FILE,

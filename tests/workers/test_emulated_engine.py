@@ -10,7 +10,8 @@ import time
 
 import pytest
 import yaml
-from syshax.shared.models import default_model_path, read_gguf_info
+from syshax.shared.default_model import default_model_path
+from syshax.shared.gguf_reader import read_gguf_info
 from syshax.shared.sampling import SamplingParams
 from syshax.workers.accelerator_profiles import (
     BUILTIN_PROFILES,

@@ -1,4 +1,4 @@
-"""An emulated xPU (`gpu.engine: emulated`, no model runs there) beside a real CPU decode
+"""An emulated xPU (`xpu.engine: emulated`, no model runs there) beside a real CPU decode
 worker on the bundled model, as `syshax run` lays them out on a host without a GPU: the
 dispatcher's config (slo.itl_ms, decode_device) decides where each decode runs, and every
 decision reaches the dispatch log and the prefill worker's Prometheus counter with its rule.
@@ -67,20 +67,20 @@ def test_the_slo_and_decode_device_decide_between_an_emulated_xpu_and_a_real_cpu
 ):
     # A very loose SLO: the emulated H100 keeps it with room to spare, so it takes every decode.
     farm = proc_farm(
-        gpu_engine="emulated",
-        gpu_profile="h100",
+        xpu_engine="emulated",
+        xpu_profile="h100",
         slo_itl_ms=60_000,
         max_model_len=256,
-        gpu_max_batch_size=8,
+        xpu_max_batch_size=8,
         cpu_max_batch_size=4,
     )
     cpu_args = ("--device", "cpu", "--threads", "1", "--port", "0")
-    farm.start_worker("cpu", "decode", "cpu", engine="model", args=cpu_args)
+    farm.start_worker("cpu", "decode", "cpu", engine="native", args=cpu_args)
     # The CPU worker first: the xPU worker sees it alive from its first decision on.
     farm.wait_registered(["cpu"], timeout=120)
     port_a = free_port()
-    # engine None: the xPU class follows gpu.engine (emulated); the CPU worker runs the model.
-    farm.start_worker("xpu-a", "prefill,decode", "gpu", engine=None, args=("--port", str(port_a)))
+    # engine None: the xPU class follows xpu.engine (emulated); the CPU worker runs the model.
+    farm.start_worker("xpu-a", "prefill,decode", "xpu", engine=None, args=("--port", str(port_a)))
     farm.wait_registered(["xpu-a"], timeout=120)
     # cpu.sched_idle (default true): the CPU decode worker, every thread of it, yields the
     # shared cores to the xPU worker.
@@ -93,8 +93,8 @@ def test_the_slo_and_decode_device_decide_between_an_emulated_xpu_and_a_real_cpu
     for events in _run(farm, prompts).values():
         assert {e.worker for e in events} == {"xpu-a"}, "within the SLO the xPU keeps it"
     log = [d.decode() for d in farm.r.lrange(KEYS.dispatch_log, 0, -1)]
-    assert len(log) == 4 and all(" gpu [slo] xPU within the SLO (" in d for d in log), log
-    assert _metric(port_a, "gpu", "slo") == 4.0 and _metric(port_a, "cpu", "slo") == 0.0
+    assert len(log) == 4 and all(" xpu [slo] xPU within the SLO (" in d for d in log), log
+    assert _metric(port_a, "xpu", "slo") == 4.0 and _metric(port_a, "cpu", "slo") == 0.0
     assert farm.r.get(KEYS.dispatch_count("cpu")) is None
 
     # decode_device: cpu: every decode leaves the emulated xPU for the real CPU worker, which
@@ -103,7 +103,7 @@ def test_the_slo_and_decode_device_decide_between_an_emulated_xpu_and_a_real_cpu
     farm.cfg.decode_device = "cpu"
     farm.save_config()
     port_b = free_port()
-    farm.start_worker("xpu-b", "prefill,decode", "gpu", engine=None, args=("--port", str(port_b)))
+    farm.start_worker("xpu-b", "prefill,decode", "xpu", engine=None, args=("--port", str(port_b)))
     farm.wait_registered(["xpu-b"], timeout=120)
     farm.r.delete(KEYS.dispatch_log)
     for events in _run(farm, prompts[:2]).values():

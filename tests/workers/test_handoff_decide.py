@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import fakeredis
 import prometheus_client
-from syshax.broker.dispatcher import CPU, GPU, Dispatcher
+from syshax.broker.dispatcher import CPU, XPU, Dispatcher
 from syshax.broker.keys import KEYS
 from syshax.shared.sampling import SamplingParams
 from syshax.workers.farm_view import FarmView
@@ -18,7 +18,7 @@ def _handoff(running: int, capacity: int, roles: set[str], dispatcher: Dispatche
     `peers` as the farm's other live workers."""
     counter = prometheus_client.Counter("d", "d", ["device", "rule"], registry=None)
     me = {
-        "roles": ",".join(sorted(roles)), "device_class": "gpu", "capacity": capacity,
+        "roles": ",".join(sorted(roles)), "device_class": "xpu", "capacity": capacity,
         "running": running, "waiting": 0, "step_base_ms": 2.0, "step_row_ms": 0.1,
     }  # fmt: skip
     r = fakeredis.FakeRedis()
@@ -27,7 +27,7 @@ def _handoff(running: int, capacity: int, roles: set[str], dispatcher: Dispatche
     return Handoff(
         SimpleNamespace(output_ids=lambda rid: [7], max_model_len=512),
         SimpleNamespace(
-            worker_id="xpu", device_class="gpu", roles=frozenset(roles), handoff_slots=0
+            worker_id="xpu", device_class="xpu", roles=frozenset(roles), handoff_slots=0
         ),
         dispatcher,
         r=r,
@@ -48,7 +48,7 @@ def test_a_sequence_that_fills_its_own_worker_exactly_stays_there():
     it): keeping it needs no fifth slot, so the xPU is not "full" for it."""
     handoff = _handoff(4, 4, {"prefill", "decode"}, Dispatcher(slo_itl_s=0.050), [CPU_PEER])
     decision = handoff.decide(JOB)
-    assert decision.device == GPU and decision.rule == "slo", decision
+    assert decision.device == XPU and decision.rule == "slo", decision
 
 
 def test_one_more_than_the_slots_still_goes_elsewhere():
@@ -57,9 +57,9 @@ def test_one_more_than_the_slots_still_goes_elsewhere():
 
 
 def test_a_prefill_only_worker_does_not_discount_a_class_it_is_not_in():
-    gpu_decoder = {"id": "g2", "roles": "decode", "device_class": "gpu", "capacity": "4", "running": "4", "waiting": "0", "step_base_ms": "2", "step_row_ms": "0.1"}  # fmt: skip
-    handoff = _handoff(1, 4, {"prefill"}, Dispatcher(slo_itl_s=0.050), [CPU_PEER, gpu_decoder])
-    assert handoff.decide(JOB).device == CPU  # the gpu decoder is full: 4 of 4
+    xpu_decoder = {"id": "g2", "roles": "decode", "device_class": "xpu", "capacity": "4", "running": "4", "waiting": "0", "step_base_ms": "2", "step_row_ms": "0.1"}  # fmt: skip
+    handoff = _handoff(1, 4, {"prefill"}, Dispatcher(slo_itl_s=0.050), [CPU_PEER, xpu_decoder])
+    assert handoff.decide(JOB).device == CPU  # the xpu decoder is full: 4 of 4
 
 
 def test_a_full_worker_with_prompts_waiting_hands_the_sequence_off():

@@ -38,7 +38,7 @@ def _take(w: Worker) -> list:
 @pytest.fixture
 def xpu(redis_url):
     """An xPU worker with 2 decode slots and 1 handoff slot, both decode slots busy."""
-    opts = WorkerOptions(worker_id="xpu", roles=frozenset({"prefill", "decode"}), device_class="gpu", handoff_slots=1, kv_store="redis")  # fmt: skip
+    opts = WorkerOptions(worker_id="xpu", roles=frozenset({"prefill", "decode"}), device_class="xpu", handoff_slots=1, kv_store="redis")  # fmt: skip
     w = Worker(EchoEngine(max_num_seqs=3), redis.Redis.from_url(redis_url), opts, Dispatcher(slo_itl_s=0.05))  # fmt: skip
     for rid in ("a", "b"):
         _prompt(w.r, rid)
@@ -83,15 +83,15 @@ def test_no_prompt_is_taken_while_the_cpu_is_full_or_twice_in_a_handoff_slot(xpu
 
 def test_offloads_next_is_the_dispatchers_own_answer():
     slo = Dispatcher(slo_itl_s=0.05)
-    full_gpu = DeviceLoad(workers=1, capacity=2, running=2, step_model=(0.005, 0.001))
+    full_xpu = DeviceLoad(workers=1, capacity=2, running=2, step_model=(0.005, 0.001))
     fast_cpu = DeviceLoad(workers=1, capacity=4, running=1, step_model=(0.01, 0.005))
-    assert slo.offloads_next(full_gpu, fast_cpu)
+    assert slo.offloads_next(full_xpu, fast_cpu)
     slow_cpu = DeviceLoad(workers=1, capacity=4, running=1, step_model=(0.04, 0.01))
-    assert not slo.offloads_next(full_gpu, slow_cpu), "over the SLO with one more"
-    room_gpu = DeviceLoad(workers=1, capacity=2, running=1, step_model=(0.005, 0.001))
-    assert not slo.offloads_next(room_gpu, fast_cpu), "the xPU first"
-    assert not Dispatcher(decode_device="xpu").offloads_next(full_gpu, fast_cpu)
-    assert not slo.offloads_next(full_gpu, DeviceLoad()), "no CPU decoder"
+    assert not slo.offloads_next(full_xpu, slow_cpu), "over the SLO with one more"
+    room_xpu = DeviceLoad(workers=1, capacity=2, running=1, step_model=(0.005, 0.001))
+    assert not slo.offloads_next(room_xpu, fast_cpu), "the xPU first"
+    assert not Dispatcher(decode_device="xpu").offloads_next(full_xpu, fast_cpu)
+    assert not slo.offloads_next(full_xpu, DeviceLoad()), "no CPU decoder"
     assert slo.history == [], "a question, not a decision: nothing recorded"
 
 
@@ -101,10 +101,10 @@ def test_only_an_accelerator_in_an_offloading_farm_gets_a_handoff_slot():
 
     cfg = load_config(None)
     both = frozenset({"prefill", "decode"})
-    assert handoff_slots(cfg, "emulated", "gpu", "cpu", both) == 1
-    assert handoff_slots(cfg, "model", "gpu", "cuda", both) == 1
-    assert handoff_slots(cfg, "model", "gpu", "cpu", both) == 0, "the xPU role on the CPU"
-    assert handoff_slots(cfg, "model", "cpu", "cpu", frozenset({"decode"})) == 0
-    assert handoff_slots(cfg, "emulated", "gpu", "cpu", frozenset({"prefill"})) == 0
+    assert handoff_slots(cfg, "emulated", "xpu", "cpu", both) == 1
+    assert handoff_slots(cfg, "native", "xpu", "cuda", both) == 1
+    assert handoff_slots(cfg, "native", "xpu", "cpu", both) == 0, "the xPU role on the CPU"
+    assert handoff_slots(cfg, "native", "cpu", "cpu", frozenset({"decode"})) == 0
+    assert handoff_slots(cfg, "emulated", "xpu", "cpu", frozenset({"prefill"})) == 0
     cfg.decode_device = "xpu"
-    assert handoff_slots(cfg, "emulated", "gpu", "cpu", both) == 0, "nothing to offload"
+    assert handoff_slots(cfg, "emulated", "xpu", "cpu", both) == 0, "nothing to offload"

@@ -26,7 +26,7 @@ from syshax.workers.settings import (
 from syshax.commands import run
 
 EVERY, HALF = every_core(), resolve_threads(None)
-XPU = WorkerOverrides(device_class="gpu")  # how `syshax run` starts the xPU-role worker
+XPU = WorkerOverrides(device_class="xpu")  # how `syshax run` starts the xPU-role worker
 CPU = WorkerOverrides(roles="decode", device="cpu", device_class="cpu")  # and a CPU one
 
 
@@ -53,14 +53,14 @@ def _no_thread_env(monkeypatch):
         ({"cpu__workers": "1"}, None, HALF),  # the split asked in the config
         ({}, 1, HALF),  # the split asked on syshax run's command line
         ({"cpu__workers": "2"}, 0, EVERY),  # and undone there
-        ({"gpu__threads": "3"}, None, 3),  # as set
+        ({"xpu__threads": "3"}, None, 3),  # as set
     ],
 )
 def test_the_xpu_worker_gets_the_same_threads_bare_or_started_by_syshax_run(
     keys, cpu_workers, expected
 ):
-    cfg = _cfg(gpu__device="cpu", **keys)  # a host without accelerator
-    layout = farm_layout(cfg, "model", cpu_workers)
+    cfg = _cfg(xpu__device="cpu", **keys)  # a host without accelerator
+    layout = farm_layout(cfg, "native", cpu_workers)
     started = WorkerSettings.from_config(
         cfg, dataclasses.replace(XPU, engine=layout.xpu_engine, threads=layout.xpu_threads)
     )
@@ -71,11 +71,11 @@ def test_the_xpu_worker_gets_the_same_threads_bare_or_started_by_syshax_run(
 
 
 def test_an_accelerator_or_vllm_keeps_the_default_threads():
-    emulated = farm_layout(_cfg(gpu__device="cpu"), "emulated")
+    emulated = farm_layout(_cfg(xpu__device="cpu"), "emulated")
     assert (emulated.cpu_workers, emulated.xpu_threads) == (1, None)  # an accelerator
-    vllm = farm_layout(_cfg(gpu__device="cpu"), "vllm")
-    assert (vllm.xpu_engine, vllm.cpu_engine, vllm.xpu_threads) == ("vllm", "model", None)
-    cuda = _cfg(gpu__device="cuda")
+    vllm = farm_layout(_cfg(xpu__device="cpu"), "vllm")
+    assert (vllm.xpu_engine, vllm.cpu_engine, vllm.xpu_threads) == ("vllm", "native", None)
+    cuda = _cfg(xpu__device="cuda")
     assert (farm_layout(cuda).cpu_workers, farm_layout(cuda).xpu_threads) == (1, None)
 
 
@@ -97,7 +97,7 @@ def test_cpu_workers_take_omp_num_threads_then_cpu_threads(monkeypatch):
 
 def test_a_cpu_decode_worker_as_syshax_run_starts_it():
     s = WorkerSettings.from_config(Config(), CPU)
-    assert (s.engine, s.device_class, s.device, s.roles) == ("model", "cpu", "cpu", {"decode"})
+    assert (s.engine, s.device_class, s.device, s.roles) == ("native", "cpu", "cpu", {"decode"})
     assert (s.slots, s.handoff_slots) == (Config().cpu_max_batch_size, 0)
     assert s.max_num_batched_tokens == Config().max_num_batched_tokens
     assert s.prompt_rows_while_decoding == DEFAULT_CPU_PROMPT_ROWS_WHILE_DECODING
@@ -111,13 +111,13 @@ def test_a_cpu_decode_worker_as_syshax_run_starts_it():
 def test_an_accelerator_worker_gets_a_handoff_slot_and_no_prompt_row_cap():
     cfg = _cfg(max_num_batched_tokens="4", kv__cache_mib="64")
     s = WorkerSettings.from_config(cfg, WorkerOverrides(engine="emulated", max_batch_size=5))
-    assert (s.device_class, s.device, s.profile.name) == ("gpu", "emulated:h100", "h100")
+    assert (s.device_class, s.device, s.profile.name) == ("xpu", "emulated:h100", "h100")
     assert (s.slots, s.handoff_slots, s.engine_slots) == (5, 1, 6)
     assert s.max_num_batched_tokens == 6  # raised to the engine's slots
     assert s.prompt_rows_while_decoding is None and s.priority is None and s.kernels is None
     assert s.kv_cache_bytes == 64 * 2**20
     decode_only = WorkerSettings.from_config(cfg, WorkerOverrides(engine="emulated", roles="decode"))  # fmt: skip
-    assert (decode_only.device_class, decode_only.handoff_slots) == ("gpu", 0)
+    assert (decode_only.device_class, decode_only.handoff_slots) == ("xpu", 0)
 
 
 @pytest.mark.parametrize(

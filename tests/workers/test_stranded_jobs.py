@@ -1,6 +1,6 @@
 """A decode job queued for a device class with no live decoder is not left there.
 
-A prefill worker hands off to the gpu stream when no CPU decoder looks alive (its heartbeat
+A prefill worker hands off to the xpu stream when no CPU decoder looks alive (its heartbeat
 was late, or it was restarting). Until this was fixed, a CPU decoder that came back never
 looked at that stream, and the request hung until request_timeout. Now a decoder takes the
 other class's decode jobs while that class has nobody decoding.
@@ -43,7 +43,7 @@ def _events(r: redis.Redis, rid: str) -> list[TokenEvent]:
 def test_a_cpu_decoder_takes_jobs_queued_for_an_xpu_class_with_no_decoder(redis_url):
     r = redis.Redis.from_url(redis_url)
     stop = threading.Event()
-    prefill = _worker(redis_url, "xpu", {"prefill"}, "gpu")
+    prefill = _worker(redis_url, "xpu", {"prefill"}, "xpu")
     threads = [threading.Thread(target=prefill.serve, args=(stop, 2.0), daemon=True)]
     threads[0].start()
     rid = uuid.uuid4().hex
@@ -52,8 +52,8 @@ def test_a_cpu_decoder_takes_jobs_queued_for_an_xpu_class_with_no_decoder(redis_
     r.xadd(KEYS.prefill_stream, {"j": job.pack()})
     try:
         # No decoder anywhere: the prefill worker publishes the first token and queues the
-        # rest on the gpu stream, where (with this topology) nobody ever decodes.
-        assert wait_for(lambda: r.xlen(KEYS.decode_stream("gpu")) == 1, 10)
+        # rest on the xpu stream, where (with this topology) nobody ever decodes.
+        assert wait_for(lambda: r.xlen(KEYS.decode_stream("xpu")) == 1, 10)
         assert [e.seq for e in _events(r, rid)] == [0]
         assert r.lindex(KEYS.dispatch_log, 0).decode().endswith("no CPU decode worker")
         decoder = _worker(redis_url, "cpu0", {"decode"}, "cpu")
@@ -65,7 +65,7 @@ def test_a_cpu_decoder_takes_jobs_queued_for_an_xpu_class_with_no_decoder(redis_
         assert [e.token_id for e in evs] == list(range(20, 28))
         assert [e.worker for e in evs] == ["xpu"] + ["cpu0"] * 7
         assert evs[-1].finish_reason == "length"
-        assert wait_for(lambda: r.xlen(KEYS.decode_stream("gpu")) == 0, 10), "acked and deleted"
+        assert wait_for(lambda: r.xlen(KEYS.decode_stream("xpu")) == 0, 10), "acked and deleted"
         assert KVStore(r).stats() == (0, 0), "the KV lease was taken and freed"
     finally:
         stop.set()
@@ -76,18 +76,18 @@ def test_a_cpu_decoder_takes_jobs_queued_for_an_xpu_class_with_no_decoder(redis_
 def test_a_decoder_leaves_the_other_class_alone_while_it_has_a_live_decoder(redis_url):
     r = redis.Redis.from_url(redis_url)
     stop = threading.Event()
-    # A gpu decoder that is registered and alive but not stepping this stream's jobs
+    # A xpu decoder that is registered and alive but not stepping this stream's jobs
     # (its loop is not running): its heartbeat alone must keep the CPU decoder out.
-    gpu = _worker(redis_url, "gpu0", {"decode"}, "gpu")
-    gpu.heartbeat.beat(**gpu.load_fields())
+    xpu = _worker(redis_url, "gpu0", {"decode"}, "xpu")
+    xpu.heartbeat.beat(**xpu.load_fields())
     cpu = _worker(redis_url, "cpu0", {"decode"}, "cpu")
     thread = threading.Thread(target=cpu.serve, args=(stop, 2.0), daemon=True)
     thread.start()
     try:
-        r.xadd(KEYS.decode_stream("gpu"), {"j": b"not a job"})
+        r.xadd(KEYS.decode_stream("xpu"), {"j": b"not a job"})
         time.sleep(1.0)  # five claim rounds of the CPU decoder
         assert r.xlen(KEYS.dead_letter_stream) == 0, "the CPU decoder never read it"
-        assert r.xlen(KEYS.decode_stream("gpu")) == 1
+        assert r.xlen(KEYS.decode_stream("xpu")) == 1
     finally:
         stop.set()
         thread.join(10)
@@ -103,7 +103,7 @@ def test_a_job_redis_gave_to_a_dead_connection_with_our_id_is_taken_back(redis_u
     r = redis.Redis.from_url(redis_url)
     stop = threading.Event()
     decoder = _worker(redis_url, "cpu0", {"decode"}, "cpu")
-    prefill = _worker(redis_url, "xpu", {"prefill"}, "gpu")
+    prefill = _worker(redis_url, "xpu", {"prefill"}, "xpu")
     threads = [threading.Thread(target=w.serve, args=(stop, 2.0), daemon=True) for w in (decoder, prefill)]  # fmt: skip
     threads[0].start()
     ghost = redis.Redis.from_url(redis_url).connection_pool.get_connection("XREADGROUP")

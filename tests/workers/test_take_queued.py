@@ -18,14 +18,14 @@ from syshax.workers.worker import Worker, WorkerOptions
 
 def _xpu_heartbeat(r: redis.Redis, running: int) -> None:
     """A live xPU decode worker with 2 slots and `running` streams (its heartbeat alone)."""
-    r.hset(KEYS.worker("xpu"), mapping={"id": "xpu", "roles": "decode,prefill", "device_class": "gpu", "capacity": "2", "running": str(running), "waiting": "0", "last_seen": str(time.time())})  # fmt: skip
+    r.hset(KEYS.worker("xpu"), mapping={"id": "xpu", "roles": "decode,prefill", "device_class": "xpu", "capacity": "2", "running": str(running), "waiting": "0", "last_seen": str(time.time())})  # fmt: skip
     r.sadd(KEYS.workers, "xpu")
 
 
 def _queue_on_the_xpu(r: redis.Redis, rid: str) -> None:
     params = SamplingParams(max_tokens=4, temperature=0.0).to_dict()
     job = DecodeJob(request_id=rid, prompt_ids=[5, 6, 7], output_ids=[5], params=params)
-    r.xadd(KEYS.decode_stream("gpu"), {"j": job.pack()})
+    r.xadd(KEYS.decode_stream("xpu"), {"j": job.pack()})
 
 
 def test_a_cpu_worker_takes_a_decode_queued_on_the_full_xpu(redis_url):
@@ -40,7 +40,7 @@ def test_a_cpu_worker_takes_a_decode_queued_on_the_full_xpu(redis_url):
     _xpu_heartbeat(r, running=2)  # full: the job waits for a slot there
     time.sleep(0.3)  # the worker's view of its peers is cached for 0.25 s
     taken = cpu._take(cpu.free_slots(), idle=False)
-    assert [e.stream for e in taken] == [KEYS.decode_stream("gpu")]
+    assert [e.stream for e in taken] == [KEYS.decode_stream("xpu")]
     cpu.accept(taken[0])
     cpu._start_backlog()
     while cpu.engine.has_unfinished():
@@ -48,7 +48,7 @@ def test_a_cpu_worker_takes_a_decode_queued_on_the_full_xpu(redis_url):
     events = cpu.publisher.delivered("a")
     assert [e.seq for e in events] == [1, 2, 3] and {e.worker for e in events} == {"cpu0"}
     assert events[-1].finish_reason == "length"
-    assert r.xlen(KEYS.decode_stream("gpu")) == 0, "acked and deleted on the xPU's stream"
+    assert r.xlen(KEYS.decode_stream("xpu")) == 0, "acked and deleted on the xPU's stream"
     log = r.lindex(KEYS.dispatch_log, 0).decode()
     assert " cpu [slo_take] taken from the full xPU's queue (3/2)" in log, log
     # Without the SLO rule the queue is the xPU's alone.

@@ -68,7 +68,7 @@ def _dead_letters(farm) -> list[dict]:
 
 def _nothing_left(farm, *workers: Worker) -> None:
     assert KVStore(farm.r, farm.keys).stats() == (0, 0)  # no KV lease leaked
-    for stream in (farm.keys.prefill_stream, *map(farm.keys.decode_stream, ("gpu", "cpu"))):
+    for stream in (farm.keys.prefill_stream, *map(farm.keys.decode_stream, ("xpu", "cpu"))):
         assert farm.r.xlen(stream) == 0  # acked and deleted: nothing pending or waiting
     for w in workers:
         assert not w.jobs and not w.engine.has_unfinished()
@@ -76,7 +76,7 @@ def _nothing_left(farm, *workers: Worker) -> None:
 
 def test_a_decode_job_for_another_model_is_dead_lettered_and_fails(thread_farm):
     farm = thread_farm(workers=None)
-    xpu = _worker(farm, "xpu", {"prefill"}, "gpu", served=farm.model)
+    xpu = _worker(farm, "xpu", {"prefill"}, "xpu", served=farm.model)
     cpu = _worker(farm, "cpu0", {"decode"}, "cpu", served="another-model")
     with _serving(xpu, cpu):
         _refused(farm, f"job for model '{farm.model}'; worker cpu0 serves 'another-model'")
@@ -90,7 +90,7 @@ def test_a_decode_job_for_another_model_is_dead_lettered_and_fails(thread_farm):
 
 def test_a_prefill_job_for_another_model_is_dead_lettered_and_fails(thread_farm):
     farm = thread_farm(workers=None)
-    xpu = _worker(farm, "xpu", {"prefill", "decode"}, "gpu", served="another-model")
+    xpu = _worker(farm, "xpu", {"prefill", "decode"}, "xpu", served="another-model")
     with _serving(xpu):
         _refused(farm, "serves 'another-model'")
         dead = _dead_letters(farm)
@@ -104,7 +104,7 @@ def test_a_prefill_job_for_another_model_is_dead_lettered_and_fails(thread_farm)
 
 def test_kv_of_other_weights_fails_the_request_with_the_lease_freed(thread_farm):
     farm = thread_farm(workers=None)
-    xpu = _worker(farm, "xpu", {"prefill"}, "gpu", served=farm.model, weights="base")
+    xpu = _worker(farm, "xpu", {"prefill"}, "xpu", served=farm.model, weights="base")
     cpu = _worker(farm, "cpu0", {"decode"}, "cpu", served=farm.model, weights="fine-tune")
     with _serving(xpu, cpu):
         message = (
@@ -125,7 +125,7 @@ def test_kv_of_other_weights_fails_the_request_with_the_lease_freed(thread_farm)
 def test_the_same_model_still_decodes_across_workers(thread_farm):
     """The control: same name, same weights: the KV moves and the request completes."""
     farm = thread_farm(workers=None)
-    xpu = _worker(farm, "xpu", {"prefill"}, "gpu", served=farm.model)
+    xpu = _worker(farm, "xpu", {"prefill"}, "xpu", served=farm.model)
     cpu = _worker(farm, "cpu0", {"decode"}, "cpu", served=farm.model)
     with _serving(xpu, cpu):
         out = farm.client().chat.completions.create(

@@ -60,11 +60,11 @@ def test_auto_pd_offload_off_never_reaches_the_cpu_stream(thread_farm):
         for rid in rids:
             assert all(e.worker == "xpu" for e in farm.events(rid))
         assert farm.r.get(KEYS.dispatch_count("cpu")) is None
-        assert int(farm.r.get(KEYS.dispatch_count("gpu"))) == 8
+        assert int(farm.r.get(KEYS.dispatch_count("xpu"))) == 8
 
 
 def test_cpu_at_capacity_sends_jobs_to_the_xpu(thread_farm):
-    with thread_farm(gateway=False, workers="echo", cpu_slots=1, gpu_slots=8) as farm:
+    with thread_farm(gateway=False, workers="echo", cpu_slots=1, xpu_slots=8) as farm:
         rids = [farm.submit([1, 2, 3], 40) for _ in range(6)]
         workers = [{e.worker for e in farm.events(rid)[1:]} for rid in rids]
         assert sum("cpu0" in w for w in workers) >= 1

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 from gguf import GGUFValueType
-from syshax.shared.models import GGUFInfo
+from syshax.shared.gguf_reader import GGUFInfo
 
 from .errors import ModelLoadError
 from .gguf_rope import rope_scaling

@@ -18,7 +18,7 @@ What the mapping has to undo:
   ``rope_freqs.weight`` tensor of per-frequency divisors; `gguf_rope.llama3_rope_scaling`
   recovers HF ``rope_scaling`` parameters that reproduce that tensor.
 
-Memory: `open_gguf` reads the header only (`shared.models.read_gguf_info`, struct-based: the
+Memory: `open_gguf` reads the header only (`shared.gguf_reader.read_gguf_info`, struct-based: the
 gguf package's reader makes a numpy view of every element of every metadata array) and maps
 the file read-only (`np.memmap`): every tensor is a view of the file, nothing is copied. A
 loader then takes each tensor in turn, as its blocks (`GGUFFile.blocks`: the native kernels use
@@ -43,7 +43,7 @@ import gguf
 import numpy as np
 import torch
 from gguf import GGMLQuantizationType
-from syshax.shared.models import GGUFError, GGUFInfo, read_gguf_info
+from syshax.shared.gguf_reader import GGUFError, GGUFInfo, read_gguf_info
 from tqdm import tqdm
 
 from . import gguf_config

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from syshax.shared.models import default_model_path
+from syshax.shared.default_model import default_model_path
 from tqdm import tqdm
 
 from . import hf_weights, memory

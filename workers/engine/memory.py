@@ -108,7 +108,7 @@ def check_fits(path: Path, estimate: MemoryEstimate, available: int | None = Non
         f"{estimate.weights / gib:.1f} GiB + KV cache {estimate.kv_cache / gib:.1f} GiB + "
         f"runtime {estimate.runtime / gib:.1f} GiB) but only {available / gib:.1f} GiB is "
         "available. Lower max_model_len or the batch size (cpu_max_batch_size / "
-        "gpu.max_batch_size) to shrink the KV cache, use a smaller quantization (a Q4_K_M or "
+        "xpu.max_batch_size) to shrink the KV cache, use a smaller quantization (a Q4_K_M or "
         "Q4_0 GGUF, or SYSHAX_QUANTIZE=q4_0), or a machine with more memory"
     )
 

@@ -21,7 +21,7 @@ class VllmArgsError(ValueError):
 
 @dataclass
 class VllmArgs:
-    """Every vLLM engine argument a sysHAX user sets (config section `gpu.vllm`)."""
+    """Every vLLM engine argument a sysHAX user sets (config section `xpu.vllm`)."""
 
     dtype: str = "auto"
     max_model_len: int | None = None  # None: the model's
@@ -36,7 +36,7 @@ class VllmArgs:
     cpu_kv_cache_gib: float | None = 4.0
 
     def __post_init__(self) -> None:
-        """The settings `gpu.vllm` also holds are checked by its own rules (config_schema's
+        """The settings `xpu.vllm` also holds are checked by its own rules (config_schema's
         VllmConfig: one place for them); the farm's limits here are checked here."""
         shared = {name: getattr(self, name) for name in VllmConfig.model_fields}
         problems = []

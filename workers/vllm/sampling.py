@@ -1,5 +1,5 @@
 """Our SamplingParams in vLLM's terms (issue 28): the sampling controls and the structured-output
-constraint pass through to vLLM's own sampler and structured outputs, so `gpu.engine: vllm`
+constraint pass through to vLLM's own sampler and structured outputs, so `xpu.engine: vllm`
 honours every request field the model engine does. Pure: testable without vLLM installed."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""vLLM as the xPU engine (`gpu.engine: vllm`, `--engine vllm`): what `check-config`, `syshax run`
+"""vLLM as the xPU engine (`xpu.engine: vllm`, `--engine vllm`): what `check-config`, `syshax run`
 and `syshax worker` check before anything starts, the `VllmArgs` a worker's settings carry, and
 the engine built from them. Never imports vLLM until the engine is built (whether it is
 installed is `importlib.util.find_spec`), nor torch: `args.py` is standard library and pydantic
@@ -34,13 +34,13 @@ def missing_vllm() -> str:
 
 
 def vllm_args(cfg, *, max_num_seqs: int, max_model_len: int, dtype: str | None = None):
-    """The engine arguments of an xPU worker: gpu.vllm's settings, and the farm's running
+    """The engine arguments of an xPU worker: xpu.vllm's settings, and the farm's running
     limit (the worker's slots), context length and prefix caching, so the gateway, the
     dispatcher and vLLM agree. A step budget below the slots is raised to them, as for the
     native engine. Raises VllmArgsError (its message names the setting)."""
     from .args import VllmArgs
 
-    v = cfg.gpu.vllm
+    v = cfg.xpu.vllm
     batched = v.max_num_batched_tokens
     return VllmArgs(
         dtype=dtype or v.dtype,
@@ -60,7 +60,7 @@ def model_folder_problem(model_path: Path) -> str | None:
     """Why vLLM cannot load this model (it reads Hugging Face folders only), or None."""
     if model_path.is_file() and model_path.suffix.lower() == ".gguf":
         return (
-            f"model: gpu.engine vllm needs a Hugging Face model folder, not the GGUF file "
+            f"model: xpu.engine vllm needs a Hugging Face model folder, not the GGUF file "
             f"{model_path}; make one with `syshax convert {model_path} DIR` and set it with "
             "`syshax config model DIR` (every worker loads it; the CPU workers run its float "
             "weights unless SYSHAX_QUANTIZE=q8_0|q4_0)"
@@ -69,20 +69,20 @@ def model_folder_problem(model_path: Path) -> str | None:
 
 
 def vllm_problems(cfg) -> list[str]:
-    """What stops gpu.engine vllm from starting with this config in this Python: vLLM not
+    """What stops xpu.engine vllm from starting with this config in this Python: vLLM not
     importable, settings vLLM refuses, more than one GPU per engine, a GGUF model. A missing
     model or a folder without config.json is config.validate's problem, not repeated here."""
     from .args import VllmArgsError
 
-    problems = [] if vllm_origin() else [f"gpu.engine: {missing_vllm()}"]
+    problems = [] if vllm_origin() else [f"xpu.engine: {missing_vllm()}"]
     try:
-        args = vllm_args(cfg, max_num_seqs=cfg.gpu.max_batch_size, max_model_len=cfg.max_model_len)
+        args = vllm_args(cfg, max_num_seqs=cfg.xpu.max_batch_size, max_model_len=cfg.max_model_len)
     except VllmArgsError as exc:
-        problems.append(f"gpu.vllm: {exc}")
+        problems.append(f"xpu.vllm: {exc}")
     else:
         if args.tensor_parallel_size != 1:
             problems.append(
-                "gpu.vllm.tensor_parallel_size: must be 1 for now (vLLM runs in the worker "
+                "xpu.vllm.tensor_parallel_size: must be 1 for now (vLLM runs in the worker "
                 "process, where the KV handoff reads its caches)"
             )
     try:
@@ -98,8 +98,8 @@ def check_worker(cfg, overrides, cls: str) -> None:
     refuses, a GGUF model (raises ValueError). `overrides`: the worker's WorkerOverrides."""
     from .args import VllmArgsError
 
-    if cls != "gpu":
-        raise ValueError("the vLLM engine is an accelerator: it serves the xPU class (gpu)")
+    if cls != "xpu":
+        raise ValueError("the vLLM engine is an accelerator: it serves the xPU class (xpu)")
     if overrides.device:
         raise ValueError(
             "--device does not apply to the vLLM engine (vLLM picks its device; "
@@ -108,9 +108,9 @@ def check_worker(cfg, overrides, cls: str) -> None:
     if not vllm_origin():
         raise ValueError(missing_vllm())
     try:
-        worker_args(cfg, overrides, overrides.max_batch_size or cfg.gpu.max_batch_size)
+        worker_args(cfg, overrides, overrides.max_batch_size or cfg.xpu.max_batch_size)
     except VllmArgsError as exc:
-        raise ValueError(f"gpu.vllm: {exc}") from None
+        raise ValueError(f"xpu.vllm: {exc}") from None
     try:  # a missing model is the engine's error, as for every engine
         path = cfg.model_copy(update={"model": overrides.model or cfg.model}).model_path()
     except FileNotFoundError:
@@ -144,10 +144,10 @@ def describe(cfg) -> str:
     """The check-config line for a vLLM xPU worker."""
     origin = vllm_origin()
     where = f"importable here from {origin}" if origin else "NOT importable in this Python"
-    v = cfg.gpu.vllm
+    v = cfg.xpu.vllm
     budget = f"{v.max_num_batched_tokens} tokens" if v.max_num_batched_tokens else "vLLM's"
     return (
-        f"xpu worker: vLLM, {where}; dtype {v.dtype}, {cfg.gpu.max_batch_size} sequences, "
+        f"xpu worker: vLLM, {where}; dtype {v.dtype}, {cfg.xpu.max_batch_size} sequences, "
         f"max_model_len {cfg.max_model_len}, step budget {budget}; loads a Hugging Face "
         "model folder"
     )

@@ -7,8 +7,8 @@ import subprocess
 import sys
 
 import pytest
+from syshax.shared.default_model import default_model_path
 from syshax.shared.env import EnvError
-from syshax.shared.models import default_model_path
 from syshax.workers.cpu.affinity import AffinityError
 from syshax.workers.cpu.options import from_env, resolve_kernels
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType
-from syshax.shared.models import read_gguf_metadata
+from syshax.shared.gguf_reader import read_gguf_metadata
 from syshax.workers.engine.errors import ModelLoadError
 from syshax.workers.engine.gguf_rope import LLAMA3_ORIGINAL_CONTEXT as _LLAMA3_ORIGINAL_CONTEXT
 from syshax.workers.engine.gguf_rope import llama3_rope_scaling as _llama3_rope_scaling

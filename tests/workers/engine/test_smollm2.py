@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from syshax.shared.models import default_model_path
+from syshax.shared.default_model import default_model_path
 from syshax.shared.sampling import SamplingParams
 from syshax.workers.engine.engine import Engine
 

