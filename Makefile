@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PROMPT ?= Explain in two sentences why the sky is blue.
 
-.PHONY: install run generate test test-slow test-vllm lint format bench bench-cpu docker-check clean
+.PHONY: install run generate test test-slow test-vllm test-browser lint format bench bench-cpu docker-check clean
 
 # The long steps (torch, the project's dependencies, the model package) run without -q: pip's
 # download lines and progress bars show that a first install is working, not hung.
@@ -30,7 +30,7 @@ generate: $(STAMP)
 	$(BIN)/syshax generate --chat --stats --max-tokens 64 --prompt "$(PROMPT)"
 
 test: $(STAMP)
-	$(BIN)/pytest -m "not slow and not vllm"
+	$(BIN)/pytest -m "not slow and not vllm and not browser"
 
 test-slow: $(STAMP)
 	# exit 5 = no test selected: not a failure for this optional group
@@ -53,6 +53,13 @@ $(VLLM_VENV)/.installed: pyproject.toml
 
 test-vllm: $(VLLM_VENV)/.installed
 	VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_VENV)/bin/pytest -m vllm tests/workers/vllm
+
+# The dashboard's Farm page in headless Chromium from Debian's packages (never downloaded at run
+# time: `apt-get install -y chromium chromium-driver`), driven by selenium. The test skips,
+# saying why, where Chromium is missing.
+test-browser: $(STAMP)
+	$(BIN)/pip install -q 'selenium>=4.20'
+	$(BIN)/pytest -m browser tests/browser
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

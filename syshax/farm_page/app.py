@@ -41,7 +41,9 @@ def make_app(settings: FarmPageSettings) -> Flask:
 
     from .views import farm
 
-    app = Flask(__name__)
+    # No static folder of the app's own: its /static route would shadow rq-dashboard's
+    # (bootstrap, jquery), which its blueprint serves at the same path.
+    app = Flask(__name__, static_folder=None)
     app.config.from_object(default_settings)
     app.config["RQ_DASHBOARD_REDIS_URL"] = settings.redis_url
     app.config["RQ_DASHBOARD_POLL_INTERVAL"] = settings.poll_ms

@@ -183,3 +183,10 @@ def test_the_cli_acts_on_dead_letters(redis_url, r, capsys, action):
     assert main(["dead-letters", "--redis-url", redis_url, action, letter, "--yes"]) == 0
     assert r.xlen(KEYS.dead_letter_stream) == 0
     assert r.xlen(KEYS.prefill_stream) == (1 if action == "requeue" else 0)
+
+
+def test_rq_dashboards_own_assets_are_served(redis_url):
+    client = _client(redis_url)
+    for asset in ("/static/css/bootstrap.min.css", "/static/js/jquery-3.5.1.min.js"):
+        assert client.get(asset).status_code == 200, asset
+    assert "/static/css/bootstrap.min.css" in client.get("/farm/").get_data(as_text=True)

@@ -35,6 +35,16 @@ function seconds(s) {
   return `${Math.round(s / 60)} min`;
 }
 
+function bytes(n) {
+  if (n < 2 ** 10) return `${n} B`;
+  if (n < 2 ** 20) return `${(n / 2 ** 10).toFixed(1)} KiB`;
+  return `${(n / 2 ** 20).toFixed(1)} MiB`;
+}
+
+function short(id) {
+  return id.length > 18 ? `${id.slice(0, 16)}…` : id;
+}
+
 function clock(t) {
   return t ? new Date(t * 1000).toLocaleTimeString() : "?";
 }
@@ -101,11 +111,11 @@ function drawDispatcher(state) {
   const kv = state.kv;
   document.getElementById("kv-count").textContent = `${kv.count} held`;
   fill("leases", kv.held, (tr, l) => {
-    cell(tr, l.owner);
+    cell(tr, short(l.owner)).title = l.owner;
     cell(tr, l.worker);
     cell(tr, l.store);
     cell(tr, l.tokens, "num");
-    cell(tr, (l.bytes / 2 ** 20).toFixed(2), "num");
+    cell(tr, bytes(l.bytes), "num");
     cell(tr, seconds(l.age_s), "num");
     cell(tr, seconds(l.expires_in_s), "num");
   });
