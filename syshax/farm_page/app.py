@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from flask import Flask, Response, request, url_for
 
@@ -41,9 +42,9 @@ def make_app(settings: FarmPageSettings) -> Flask:
 
     from .views import farm
 
-    # No static folder of the app's own: its /static route would shadow rq-dashboard's
-    # (bootstrap, jquery), which its blueprint serves at the same path.
-    app = Flask(__name__, static_folder=None)
+    # The app's /static is rq-dashboard's own folder (as in its own app): the route shadows
+    # the blueprint's at the same path, and rq's pages ask for `url_for('static', ...)`.
+    app = Flask(__name__, static_folder=str(Path(rq_blueprint.root_path) / "static"))
     app.config.from_object(default_settings)
     app.config["RQ_DASHBOARD_REDIS_URL"] = settings.redis_url
     app.config["RQ_DASHBOARD_POLL_INTERVAL"] = settings.poll_ms
