@@ -142,3 +142,44 @@ def test_the_farm_page_follows_a_loaded_farm_without_a_reload(
     assert float(_read(browser)[2]) > first_update
     assert shot is not None and shot.stat().st_size > 10_000
     print(f"screenshot: {shot}")
+
+
+def test_a_dead_letter_requeued_by_a_click_completes(thread_farm, dashboard, browser, r):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.ui import WebDriverWait
+    from syshax.broker.keys import KEYS
+    from syshax.broker.schemas import PrefillJob
+    from syshax.broker.worker_io import WorkQueues
+    from syshax.shared.sampling import SamplingParams
+
+    now = time.time()
+    params = SamplingParams(max_tokens=5, temperature=0.0).to_dict()
+    job = PrefillJob(request_id="req-click", prompt_ids=list(range(9, 21)), params=params,
+                     created=now, deadline=now + 30)  # fmt: skip
+    queues = WorkQueues(r, [KEYS.prefill_stream], "lost-worker", KEYS)
+    queues.ensure_groups()
+    r.xadd(KEYS.prefill_stream, {"j": job.pack()})
+    (entry,) = queues.read(1, None)
+    queues.dead_letter(entry, "engine error: <b>injected</b>")  # markup stays text
+    browser.get(f"{dashboard(KEYS)}/farm/")
+    wait = WebDriverWait(browser, 10)
+    button = wait.until(
+        expected_conditions.element_to_be_clickable(
+            (By.CSS_SELECTOR, "#dead button[data-action=requeue]")
+        )
+    )
+    reason = browser.find_element(By.CSS_SELECTOR, "#dead td.reason")
+    assert reason.text == "engine error: <b>injected</b>"
+    button.click()
+    wait.until(expected_conditions.alert_is_present()).dismiss()  # "no": nothing happens
+    time.sleep(0.5)
+    assert r.xlen(KEYS.dead_letter_stream) == 1 and r.xlen(KEYS.prefill_stream) == 0
+    browser.find_element(By.CSS_SELECTOR, "#dead button[data-action=requeue]").click()
+    wait.until(expected_conditions.alert_is_present()).accept()
+    wait.until(lambda d: "requeued on" in d.find_element(By.ID, "flash").text)
+    assert r.xlen(KEYS.dead_letter_stream) == 0
+    farm = thread_farm(gateway=False, workers="echo")
+    events = farm.events("req-click", 15)
+    assert events[-1].finish_reason == "length" and len(events) == 5
+    wait.until(lambda d: not d.find_elements(By.CSS_SELECTOR, "#dead tbody tr"))
