@@ -14,6 +14,14 @@ from syshax.shared.config_schema import VllmConfig, VllmDType
 VLLM_VERSIONS = ((0, 32), (0, 32))  # inclusive range of (major, minor): what pyproject pins
 DTYPES = get_args(VllmDType)
 
+# vLLM's structured outputs as our engines run them (issue 28): llguidance, JSON without free
+# whitespace. The same grammar engine and options give the same language whichever engine
+# decodes, so a sequence that moves between vLLM and a CPU worker (a KV handoff, a resume after
+# a crash) is accepted by the matcher rebuilt from its tokens. vLLM 0.32 reads the whitespace
+# switch only from the engine's config (StructuredOutputsParams.disable_any_whitespace is
+# ignored), and its default backend (xgrammar) wrote `": "` where ours writes `":"`.
+STRUCTURED_OUTPUTS = {"backend": "guidance", "disable_any_whitespace": True}
+
 
 class VllmArgsError(ValueError):
     """A vLLM setting we cannot pass on; the message names it."""
@@ -61,6 +69,7 @@ class VllmArgs:
         # handoff wants vLLM idle between our steps.
         kwargs["async_scheduling"] = False
         kwargs["disable_log_stats"] = True
+        kwargs["structured_outputs_config"] = dict(STRUCTURED_OUTPUTS)
         return {k: v for k, v in kwargs.items() if v is not None}
 
     def describe(self) -> str:

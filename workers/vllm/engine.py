@@ -60,7 +60,7 @@ class VllmEngine(PortableKV):
             )
         try:
             import vllm
-            from vllm.config import KVTransferConfig
+            from vllm.config import KVTransferConfig, StructuredOutputsConfig
             from vllm.engine.arg_utils import EngineArgs
             from vllm.v1.engine.llm_engine import LLMEngine
         except ImportError as exc:
@@ -80,9 +80,10 @@ class VllmEngine(PortableKV):
             kv_role="kv_both",  # exports to the CPU workers, imports from them
             engine_id=self._engine_id,
         )
-        engine_args = EngineArgs(
-            model=str(path), kv_transfer_config=kv_transfer, **args.engine_kwargs()
-        )
+        kwargs = args.engine_kwargs()  # plain values (args.py imports no vLLM); EngineArgs
+        # takes this one as its config object only
+        kwargs["structured_outputs_config"] = StructuredOutputsConfig(**kwargs["structured_outputs_config"])  # fmt: skip
+        engine_args = EngineArgs(model=str(path), kv_transfer_config=kv_transfer, **kwargs)
         self._llm = LLMEngine.from_engine_args(engine_args, enable_multiprocessing=False)
         from vllm.sampling_params import RequestOutputKind
         from vllm.sampling_params import SamplingParams as VSamplingParams

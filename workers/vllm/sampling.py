@@ -14,10 +14,12 @@ def structured_kwargs(spec: dict[str, Any] | None) -> dict[str, Any] | None:
     if spec is None:
         return None
     kind = spec["kind"]
+    # No free whitespace in JSON: set for the whole engine (args.STRUCTURED_OUTPUTS), the one
+    # place vLLM 0.32 reads it.
     if kind == "json_schema":
-        return {"json": spec["schema"], "disable_any_whitespace": True}
+        return {"json": spec["schema"]}
     if kind == "json_object":
-        return {"json_object": True, "disable_any_whitespace": True}
+        return {"json_object": True}
     if kind in ("regex", "choice", "grammar"):
         return {kind: spec[kind]}
     if kind == "lark":  # a forced tool call: llguidance's Lark dialect, vLLM's guidance backend

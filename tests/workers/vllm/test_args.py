@@ -13,6 +13,8 @@ def test_engine_kwargs_pass_what_is_set_and_keep_vllm_idle_between_steps():
     assert kwargs["enforce_eager"] is True
     assert kwargs["async_scheduling"] is False  # the handoff reads KV between our steps
     assert "block_size" not in kwargs and "cpu_kv_cache_gib" not in kwargs
+    # llguidance without free JSON whitespace, as our engines: the same language on both
+    assert kwargs["structured_outputs_config"] == {"backend": "guidance", "disable_any_whitespace": True}  # fmt: skip
 
 
 @pytest.mark.parametrize(

@@ -28,9 +28,9 @@ def test_sampling_controls_pass_through():
         (None, None),
         (
             {"kind": "json_schema", "schema": {"type": "object"}},
-            {"json": {"type": "object"}, "disable_any_whitespace": True},
+            {"json": {"type": "object"}},
         ),  # fmt: skip
-        ({"kind": "json_object"}, {"json_object": True, "disable_any_whitespace": True}),
+        ({"kind": "json_object"}, {"json_object": True}),
         ({"kind": "regex", "regex": "a+"}, {"regex": "a+"}),
         ({"kind": "choice", "choice": ["a", "b"]}, {"choice": ["a", "b"]}),
         ({"kind": "lark", "lark": 'start: "x"'}, {"grammar": 'start: "x"'}),
