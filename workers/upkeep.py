@@ -52,6 +52,12 @@ def step_fields(stats: EngineStats, cadence: TokenCadence) -> dict[str, float]:
     }
 
 
+def engine_name(engine: object) -> str:
+    """The engine's kind as `--engine` names it (native, echo, emulated, vllm), for the
+    heartbeat: the dashboard's Farm page shows which engine each worker runs."""
+    return type(engine).__name__.removesuffix("Engine").lower() or "native"
+
+
 class KeptWorker(Protocol):
     """The worker as its upkeep sees it (workers/worker.py's Worker): its load now, and where
     a claimed job goes."""
@@ -88,11 +94,12 @@ class Upkeep:
         self.due = {"heartbeat": 0.0, "claim": 0.0, "sweep": 0.0}  # monotonic times
         self.beaten_slots = 0  # slots_held() at the last heartbeat (LOAD_BEAT_S)
         self.prompt_tokens_seen = 0  # the engine's count at the last beat: the counter's base
+        self.engine_name = engine_name(engine)
 
     def start(self) -> None:
         """Registered at once (before the first timer: peers and the dispatcher see this
         worker before its first step), then the jobs left pending under its id taken back."""
-        self.heartbeat.beat(**self.worker.load_fields())
+        self.heartbeat.beat(**self.worker.load_fields(), engine=self.engine_name)
         self.take_back_own()
 
     def stop(self) -> None:
@@ -118,7 +125,7 @@ class Upkeep:
     def beat(self) -> None:
         """Heartbeat with the worker's load now, and the gauges that mirror it."""
         fields = self.worker.load_fields()
-        self.heartbeat.beat(**fields)
+        self.heartbeat.beat(**fields, engine=self.engine_name)
         self.beaten_slots = fields["running"] + fields["waiting"]
         m, stats = self.metrics, self.engine.stats
         m.running.set(fields["running"])

@@ -57,9 +57,11 @@ def test_the_state_follows_a_farm_under_load(thread_farm, redis_url):
     assert {w["id"] for w in state["workers"]} == {"xpu", "cpu0"}
     for w in state["workers"]:
         assert w["capacity"] == 2 and w["heartbeat_age_s"] < 5 and w["kv_blocks"] > 0
+        assert w["engine"] == "echo"
     assert state["dispatcher"]["decisions"] and all(
         d["device"] in DEVICE_CLASSES and d["reason"] for d in state["dispatcher"]["decisions"]
     )
+    assert any(w["step_ms"] for w in state["workers"])  # the decoding worker's fitted step
     busy = [s for s in state["streams"] if s["pending"]]
     assert busy and all(s["oldest_pending_age_s"] is not None for s in busy)
     assert any(c["pending"] for s in busy for c in s["consumers"])
