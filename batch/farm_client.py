@@ -28,6 +28,7 @@ from syshax.api.prepare import CHAT, TEXT, Plan, Preparer, job_ids
 from syshax.api.schemas import ChatCompletionRequest, CompletionRequest
 from syshax.api.settings import ApiSettings
 from syshax.broker import farm_io
+from syshax.broker.connect import sync_client
 from syshax.broker.keys import KEYS, Keys
 from syshax.shared.tokenizer import Tokenizer
 
@@ -108,7 +109,7 @@ class FarmClient:
             raise ValueError("no Redis URL: pass --redis-url or set redis.url")
         tokenizer = tokenizer or Tokenizer.from_model_path(settings.model_path())
         preparer = Preparer(settings, tokenizer, settings.resolved_max_model_len())
-        r = redis.Redis.from_url(settings.redis_url, health_check_interval=10)
+        r = sync_client(settings.redis_url, health_check_interval=10)
         return cls(r, preparer, Keys(settings.key_prefix), settings.output_ttl)
 
     # ---- the steps ---------------------------------------------------------------------------

@@ -1,10 +1,14 @@
 """The gateway's side of the broker (redis.asyncio): submit jobs, receive tokens, cancel.
 
 Token delivery is pub/sub (fast, lossy) backed by the per-request output stream (authoritative),
-see `schemas.py` for the wire format. One pub/sub connection per `BrokerClient` carries every
-request's channel; its reader task routes messages to per-request queues. A `TokenSubscription`
-yields each `TokenEvent` exactly once and in `seq` order: duplicates are dropped, and a gap (or
-silence for `poll_interval`) is filled from the output stream with XRANGE.
+see `schemas.py` for the wire format. Each `BrokerClient` is one gateway with an id of its own:
+its jobs carry the id, and the workers publish each engine step's events of all its requests as
+one message on its one channel (sharded pub/sub on a Redis Cluster). One reader task decodes
+them and routes each event to its request's queue. A `TokenSubscription` yields each
+`TokenEvent` exactly once and in `seq` order: duplicates are dropped, and a gap (or silence for
+`poll_interval`) is filled from the output stream with XRANGE. A resumed request (which may
+have been submitted by another gateway, whose channel gets its tokens) follows its output
+stream with a blocking XREAD instead.
 
 The Redis client must be created with `decode_responses=False` (messages are msgpack bytes).
 """
@@ -16,16 +20,18 @@ import contextlib
 import logging
 import sys
 import time
+import uuid
 from typing import Any
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError, ResponseError
 
 from . import itl_tails
+from .connect import AsyncSubscriber, clustered
 from .keys import KEYS, Keys
 from .liveness import is_alive
 from .request_info import RequestInfo
-from .schemas import KVHandle, PrefillJob, SchemaError, TokenEvent
+from .schemas import KVHandle, PrefillJob, SchemaError, TokenEvent, entry_events, unpack_events
 
 log = logging.getLogger(__name__)
 
@@ -49,21 +55,24 @@ class BrokerClient:
         self.requests = RequestInfo(redis, keys)  # the resume record of each request
         self.output_ttl = output_ttl
         self.poll_interval = poll_interval
-        self._pubsub: Any = None
+        self.gateway_id = uuid.uuid4().hex[:16]
+        self.channel = keys.gateway_channel(self.gateway_id)
+        self._pubsub: AsyncSubscriber | None = None
         self._reader: asyncio.Task[None] | None = None
-        self._routes: dict[bytes, set[TokenSubscription]] = {}  # channel -> live subscriptions
-        self._ready: dict[bytes, asyncio.Event] = {}  # channel -> SUBSCRIBE confirmed
-        self._lock = asyncio.Lock()  # serialises SUBSCRIBE/UNSUBSCRIBE on the shared connection
+        self._routes: dict[str, set[TokenSubscription]] = {}  # request id -> live subscriptions
+        self._ready: asyncio.Event | None = None  # set once our channel's SUBSCRIBE is confirmed
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closed = False
         self._memory: tuple[float, float | None] = (0.0, None)  # (read at, memory_use)
 
     # ---- jobs and cancellation -------------------------------------------------------------
     async def submit(self, job: PrefillJob) -> None:
-        """Queue a prefill job. If the request has a subscription, wait (briefly) until Redis
-        confirmed it, so no token is published before we listen."""
-        ready = self._ready.get(self.keys.token_channel(job.request_id).encode())
-        if ready is not None:
+        """Queue a prefill job addressed to this gateway's channel. If the request has a
+        subscription, wait (briefly) until Redis confirmed the channel's, so no token is
+        published before we listen."""
+        job.gateway = self.gateway_id
+        ready = self._ready
+        if ready is not None and job.request_id in self._routes:
             with contextlib.suppress(asyncio.TimeoutError):
                 # The stream covers anything pub/sub misses, so never wait forever.
                 await asyncio.wait_for(ready.wait(), SUBSCRIBE_WAIT)
@@ -121,9 +130,12 @@ class BrokerClient:
         return await self._waiting(self.keys.decode_stream(device_class), self.keys.decode_group)
 
     async def cancel(self, request_id: str) -> None:
-        async with self.redis.pipeline(transaction=False) as pipe:
+        async with self.redis.pipeline(transaction=False) as pipe:  # two slots
             pipe.set(self.keys.cancel_flag(request_id), 1, ex=max(1, int(self.output_ttl)))
-            pipe.publish(self.keys.cancel_channel, request_id)
+            if self.sharded:
+                pipe.spublish(self.keys.cancel_channel, request_id)
+            else:
+                pipe.publish(self.keys.cancel_channel, request_id)
             await pipe.execute()
 
     async def workers(self) -> list[dict[str, Any]]:
@@ -170,27 +182,36 @@ class BrokerClient:
         undecodable entries are logged and skipped."""
         start = "-" if after == "-" else _next_id(after)
         entries = await self.redis.xrange(self.keys.output_stream(request_id), min=start)
-        out = []
-        for entry_id, fields in entries or []:
-            raw = fields.get(b"e", fields.get("e"))
-            try:
-                out.append((_text(entry_id), TokenEvent.unpack(raw)))
-            except SchemaError as exc:
-                log.warning("output stream %s: skipping entry %s: %s", request_id, entry_id, exc)
-        return out
+        return _events(request_id, entries)
+
+    async def follow_output(
+        self, request_id: str, after: str, block_s: float
+    ) -> list[tuple[str, TokenEvent]]:
+        """Like `read_output`, but waits up to `block_s` for a new entry (XREAD BLOCK)."""
+        stream = self.keys.output_stream(request_id)
+        cursor = "0-0" if after == "-" else after
+        block = max(1, int(block_s * 1000))
+        reply = await self.redis.xread({stream: cursor}, count=1024, block=block)
+        entries = [e for _, rows in reply or [] for e in rows]
+        return _events(request_id, entries)
 
     # ---- token delivery ----------------------------------------------------------------------
-    def subscribe(self, request_id: str, after_seq: int = -1) -> TokenSubscription:
-        """Listen for the tokens of `request_id` with seq > after_seq. The SUBSCRIBE is sent at
-        once (in a task); `submit()` of the same request waits for its confirmation."""
-        sub = TokenSubscription(self, request_id, after_seq)
-        channel = self.keys.token_channel(request_id).encode()
-        sub._channel = channel
-        routes = self._routes.setdefault(channel, set())
-        routes.add(sub)
-        if len(routes) == 1:
-            self._ready[channel] = asyncio.Event()
-            self._spawn(self._subscribe(channel))
+    @property
+    def sharded(self) -> bool:
+        return clustered(self.redis)
+
+    def subscribe(
+        self, request_id: str, after_seq: int = -1, follow: bool = False
+    ) -> TokenSubscription:
+        """Listen for the tokens of `request_id` with seq > after_seq. The gateway's channel is
+        subscribed at the first call (in a task); `submit()` waits for its confirmation.
+        `follow`: the request may be another gateway's (a resume): read its output stream with
+        a blocking XREAD rather than wait for this gateway's channel."""
+        sub = TokenSubscription(self, request_id, after_seq, follow)
+        self._routes.setdefault(request_id, set()).add(sub)
+        if self._ready is None:
+            self._ready = asyncio.Event()
+            self._spawn(self._subscribe())
         return sub
 
     def _spawn(self, coro: Any) -> None:
@@ -198,49 +219,35 @@ class BrokerClient:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _subscribe(self, channel: bytes) -> None:
+    async def _subscribe(self) -> None:
+        assert self._ready is not None
         try:
-            async with self._lock:
-                if channel not in self._routes:  # closed before we got here
-                    return
-                if self._pubsub is None:
-                    self._pubsub = self.redis.pubsub()
-                await self._pubsub.subscribe(channel)
-                if self._reader is None or self._reader.done():
-                    self._reader = asyncio.get_running_loop().create_task(self._read_loop())
+            self._pubsub = AsyncSubscriber(self.redis)
+            await self._pubsub.subscribe(self.channel)
+            self._reader = asyncio.get_running_loop().create_task(self._read_loop())
         except (RedisError, OSError) as exc:
-            # Pub/sub is only the fast path: the subscription polls the stream meanwhile, and
-            # the reader re-subscribes every channel when it reconnects.
-            log.warning("SUBSCRIBE %s failed (falling back to polling): %s", channel, exc)
-            ready = self._ready.get(channel)
-            if ready is not None:
-                ready.set()
-
-    async def _unsubscribe(self, channel: bytes) -> None:
-        async with self._lock:
-            if channel in self._routes or self._pubsub is None:
-                return  # subscribed again meanwhile
-            with contextlib.suppress(RedisError, OSError):
-                await self._pubsub.unsubscribe(channel)
+            # Pub/sub is only the fast path: the subscriptions poll the streams meanwhile, and
+            # the reader subscribes again when it reconnects.
+            log.warning("SUBSCRIBE %s failed (falling back to polling): %s", self.channel, exc)
+            self._ready.set()
+            if self._pubsub is not None and self._reader is None:
+                self._reader = asyncio.get_running_loop().create_task(self._read_loop())
 
     def _release(self, sub: TokenSubscription) -> None:
-        routes = self._routes.get(sub._channel)
+        routes = self._routes.get(sub.request_id)
         if routes is None or sub not in routes:
             return
         routes.discard(sub)
         if not routes:
-            del self._routes[sub._channel]
-            self._ready.pop(sub._channel, None)
-            if not self._closed:
-                with contextlib.suppress(RuntimeError):  # no running loop (interpreter exit)
-                    self._spawn(self._unsubscribe(sub._channel))
+            del self._routes[sub.request_id]
 
     async def _read_loop(self) -> None:
         backoff = 0.0
+        assert self._pubsub is not None
         while not self._closed:
             try:
-                # reconnects (and re-subscribes every channel) when the connection was lost
-                msg = await self._pubsub.get_message(timeout=1.0)
+                # reconnects (and re-subscribes the channel) when the connection was lost
+                msg = await self._pubsub.message(timeout=1.0)
                 backoff = 0.0
             except asyncio.CancelledError:
                 raise
@@ -248,23 +255,32 @@ class BrokerClient:
                 if isinstance(exc, (RedisError, OSError)):
                     if not backoff:
                         log.warning("pub/sub connection lost (%s); polling until it is back", exc)
+                    if self._ready is not None:
+                        self._ready.clear()  # submit() waits for the re-SUBSCRIBE
                 else:
                     log.exception("pub/sub reader")
-                backoff = min(2.0, max(0.05, backoff * 2))
+                backoff = min(0.5, max(0.05, backoff * 2))
                 await asyncio.sleep(backoff)
                 continue
             if not msg:
                 continue
-            kind, channel = msg.get("type"), msg.get("channel")
-            if isinstance(channel, str):
-                channel = channel.encode()
-            if kind == "message":
-                for sub in self._routes.get(channel, ()):
-                    sub._queue.put_nowait(msg["data"])
-            elif kind == "subscribe":
-                ready = self._ready.get(channel)
-                if ready is not None:
-                    ready.set()
+            kind = msg.get("type")
+            if kind in ("message", "smessage"):
+                self._route(msg["data"])
+            elif kind in ("subscribe", "ssubscribe") and self._ready is not None:
+                self._ready.set()
+
+    def _route(self, data: bytes) -> None:
+        """One step's events of this gateway's requests, each to its request's subscriptions."""
+        try:
+            events = unpack_events(data)
+        except SchemaError as exc:
+            log.warning("gateway channel: dropping a message: %s", exc)
+            return
+        routes = self._routes
+        for event in events:
+            for sub in routes.get(event.request_id, ()):
+                sub._queue.put_nowait(event)
 
     async def aclose(self) -> None:
         self._closed = True
@@ -279,18 +295,31 @@ class BrokerClient:
                 await self._pubsub.aclose()
 
 
+def _events(request_id: str, entries: list | None) -> list[tuple[str, TokenEvent]]:
+    """(entry id, event) of output-stream entries; undecodable entries logged and skipped."""
+    out = []
+    for entry_id, fields in entries or []:
+        try:
+            out += [(_text(entry_id), ev) for ev in entry_events(fields)]
+        except SchemaError as exc:
+            log.warning("output stream %s: skipping entry %s: %s", request_id, entry_id, exc)
+    return out
+
+
 class TokenSubscription:
     """Async iterator of one request's `TokenEvent`s, in seq order, each exactly once, ending
     after the event with `finish_reason` or `error`. Use `async with` or call `aclose()`."""
 
-    def __init__(self, client: BrokerClient, request_id: str, after_seq: int = -1) -> None:
+    def __init__(
+        self, client: BrokerClient, request_id: str, after_seq: int = -1, follow: bool = False
+    ) -> None:
         self.client = client
         self.request_id = request_id
         self.next_seq = after_seq + 1
         self.done = False
+        self.follow = follow  # wait on the output stream (XREAD BLOCK), not on pub/sub
         self.last_event_at = 0.0  # time.monotonic() of the newest event yielded
-        self._channel = b""
-        self._queue: asyncio.Queue[bytes] = asyncio.Queue()
+        self._queue: asyncio.Queue[TokenEvent] = asyncio.Queue()
         self._buffer: dict[int, TokenEvent] = {}  # received ahead of next_seq
         self._cursor = "-"  # output-stream id read up to
         self._backfill_first = after_seq >= 0
@@ -319,17 +348,22 @@ class TokenSubscription:
             return
         self._buffer.setdefault(event.seq, event)
 
-    async def backfill(self) -> None:
-        """Read what the output stream has beyond the last entry read."""
+    async def backfill(self, block_s: float = 0.0) -> bool:
+        """Read what the output stream has beyond the last entry read; `block_s` > 0: wait up
+        to that long for one."""
         self._quiet_since = asyncio.get_running_loop().time()
         try:
-            entries = await self.client.read_output(self.request_id, self._cursor)
+            if block_s > 0:
+                entries = await self.client.follow_output(self.request_id, self._cursor, block_s)
+            else:
+                entries = await self.client.read_output(self.request_id, self._cursor)
         except (RedisError, OSError) as exc:
             log.warning("backfill of %s failed (will retry): %s", self.request_id, exc)
-            return
+            return False
         for entry_id, event in entries:
             self._cursor = entry_id
             self._take(event)
+        return True
 
     async def __anext__(self) -> TokenEvent:
         event = await self.get()
@@ -364,6 +398,15 @@ class TokenSubscription:
                 return None
             if self._queue.empty():
                 now = loop.time()
+                if self.follow:
+                    wait = 1.0 if deadline is None else min(1.0, deadline - now)
+                    if wait <= 0:
+                        return None
+                    if not await self.backfill(wait):
+                        await asyncio.sleep(min(wait, poll))  # Redis down: not a busy loop
+                    if not self._buffer and deadline is not None and loop.time() >= deadline:
+                        return None
+                    continue
                 next_poll = self._quiet_since + poll
                 if now >= next_poll:  # no progress for a while: maybe a publish was lost
                     await self.backfill()
@@ -372,16 +415,11 @@ class TokenSubscription:
                     return None
                 wake = next_poll if deadline is None else min(next_poll, deadline)
                 try:
-                    data = await queue_get(self._queue, wake - now)
+                    incoming = await queue_get(self._queue, wake - now)
                 except asyncio.TimeoutError:
                     continue
             else:
-                data = self._queue.get_nowait()
-            try:
-                incoming = TokenEvent.unpack(data)
-            except SchemaError as exc:
-                log.warning("token channel of %s: dropping message: %s", self.request_id, exc)
-                continue
+                incoming = self._queue.get_nowait()
             self._take(incoming)
             if self._buffer and self.next_seq not in self._buffer:
                 await self.backfill()  # a gap: something was published that we never got
@@ -395,11 +433,11 @@ def _next_id(entry_id: str) -> str:
 
 if sys.version_info >= (3, 11):
 
-    async def queue_get(queue: asyncio.Queue[bytes], timeout: float) -> bytes:
+    async def queue_get(queue: asyncio.Queue[Any], timeout: float) -> Any:
         async with asyncio.timeout(timeout):  # no extra task per call, unlike wait_for in 3.11
             return await queue.get()
 
 else:  # pragma: no cover
 
-    async def queue_get(queue: asyncio.Queue[bytes], timeout: float) -> bytes:
+    async def queue_get(queue: asyncio.Queue[Any], timeout: float) -> Any:
         return await asyncio.wait_for(queue.get(), timeout)

@@ -15,7 +15,7 @@ def snapshot(r: redis.Redis, keys: Keys = KEYS) -> dict:
 
     streams = {"prefill": keys.prefill_stream, "prefill:batch": keys.prefill_batch_stream}
     streams.update({f"decode:{c}": keys.decode_stream(c) for c in DEVICE_CLASSES})
-    pipe = r.pipeline()
+    pipe = r.pipeline(transaction=False)  # the farm's keys and counters: read, not changed
     for s in streams.values():
         pipe.xlen(s)
         pipe.xpending(s, keys.decode_group)

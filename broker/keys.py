@@ -2,6 +2,17 @@
 
 All names share one prefix so a farm can share a Redis with other applications, and two
 farms can share one Redis by using different prefixes.
+
+Every name carries a Redis Cluster hash tag (the part in braces, which alone picks the slot), so
+each command or MULTI that touches several keys stays in one slot:
+  * the farm's own keys (job streams, dead letters, worker set, dispatch log, cancel channel,
+    KV lease index, ITL tails, batches): `{<prefix>}` -- XREADGROUP over several job streams
+    and the handoff's MULTI (ack the prefill entry + add the decode job) need one slot;
+  * a request's keys (output stream, resume record, cancel flag, KV owner set, token
+    channel): `{<request id>}`, so requests spread over every shard;
+  * a worker's heartbeat hash: `{<worker id>}`; a gateway's token channel: `{<gateway id>}`;
+  * a KV lease and its bytes: `{<handle id>}`.
+On a single Redis the tags are only part of the names.
 """
 
 from __future__ import annotations
@@ -23,25 +34,34 @@ def farm_tag(address: str, prefix: str) -> str:
 class Keys:
     prefix: str = "syshax"
 
+    def __post_init__(self) -> None:
+        if "{" in self.prefix or "}" in self.prefix:
+            raise ValueError(f"redis.prefix may not contain braces (hash tags): {self.prefix!r}")
+
+    @property
+    def farm(self) -> str:
+        """The start of every farm-wide key: the prefix as a hash tag (one slot)."""
+        return f"{{{self.prefix}}}"
+
     # ---- work queues (streams read with consumer groups) ----
     @property
     def prefill_stream(self) -> str:
-        return f"{self.prefix}:stream:prefill"
+        return f"{self.farm}:stream:prefill"
 
     @property
     def prefill_batch_stream(self) -> str:
         """Prefill jobs of offline batches: read only when no interactive job waits."""
-        return f"{self.prefix}:stream:prefill:batch"
+        return f"{self.farm}:stream:prefill:batch"
 
     def decode_stream(self, device_class: str) -> str:
         if device_class not in DEVICE_CLASSES:
             raise ValueError(f"device class must be one of {DEVICE_CLASSES}, got {device_class!r}")
-        return f"{self.prefix}:stream:decode:{device_class}"
+        return f"{self.farm}:stream:decode:{device_class}"
 
     @property
     def dead_letter_stream(self) -> str:
         """Messages that could not be decoded or failed too often; kept for inspection."""
-        return f"{self.prefix}:stream:dead"
+        return f"{self.farm}:stream:dead"
 
     # One group name on every work stream: a worker then blocks on all of its streams in one
     # XREADGROUP call (prefill and its decode class), instead of polling them in turn.
@@ -51,65 +71,70 @@ class Keys:
     # ---- token delivery ----
     def token_channel(self, request_id: str) -> str:
         """Pub/sub channel: the fast, lossy path."""
-        return f"{self.prefix}:tokens:{request_id}"
+        return f"{self.prefix}:tokens:{{{request_id}}}"
+
+    def gateway_channel(self, gateway_id: str) -> str:
+        """Pub/sub channel of one gateway: a worker publishes each engine step's events of
+        every request that gateway submitted as one message (the job carries `gateway`)."""
+        return f"{self.prefix}:gateway:{{{gateway_id}}}"
 
     def output_stream(self, request_id: str) -> str:
         """Capped, expiring stream: the authoritative output of one request (gap fill, resume)."""
-        return f"{self.prefix}:out:{request_id}"
+        return f"{self.prefix}:out:{{{request_id}}}"
 
     def request_info(self, request_id: str) -> str:
         """Hash the gateway writes per API request (response shape, choices, attach count), so
         any gateway can serve a resume (GET /v1/requests/{id}/stream); expires with the output."""
-        return f"{self.prefix}:request:{request_id}"
+        return f"{self.prefix}:request:{{{request_id}}}"
 
     # ---- cancellation ----
     @property
     def cancel_channel(self) -> str:
-        return f"{self.prefix}:cancel"
+        return f"{self.farm}:cancel"
 
     def cancel_flag(self, request_id: str) -> str:
         """Set (with a TTL) when a request is cancelled, for jobs still waiting in a queue."""
-        return f"{self.prefix}:cancelled:{request_id}"
+        return f"{self.prefix}:cancelled:{{{request_id}}}"
 
     # ---- KV handles (leases) ----
     def kv_blob(self, handle_id: str) -> str:
-        return f"{self.prefix}:kv:blob:{handle_id}"
+        return f"{self.prefix}:kv:blob:{{{handle_id}}}"
 
     def kv_lease(self, handle_id: str) -> str:
-        return f"{self.prefix}:kv:lease:{handle_id}"
+        return f"{self.prefix}:kv:lease:{{{handle_id}}}"
 
     def kv_owner(self, request_id: str) -> str:
         """Set of the handle ids a request owns, so a cancel can free them wherever they are."""
-        return f"{self.prefix}:kv:owner:{request_id}"
+        return f"{self.prefix}:kv:owner:{{{request_id}}}"
 
     @property
     def kv_leases(self) -> str:
         """Sorted set handle_id -> expiry time: what the sweeper scans."""
-        return f"{self.prefix}:kv:leases"
+        return f"{self.farm}:kv:leases"
 
     # ---- workers ----
     def worker(self, worker_id: str) -> str:
         """Hash with the worker's heartbeat (device, capacity, running, speed); expires."""
-        return f"{self.prefix}:worker:{worker_id}"
+        return f"{self.prefix}:worker:{{{worker_id}}}"
 
     @property
     def workers(self) -> str:
         """Set of worker ids that have registered (stale ones are pruned by readers)."""
-        return f"{self.prefix}:workers"
+        return f"{self.farm}:workers"
 
     @property
     def dispatch_log(self) -> str:
         """Capped list of the dispatcher's recent decisions (for `syshax top`, metrics)."""
-        return f"{self.prefix}:dispatch:recent"
+        return f"{self.farm}:dispatch:recent"
 
     def dispatch_count(self, device_class: str) -> str:
-        return f"{self.prefix}:dispatch:count:{device_class}"
+        return f"{self.farm}:dispatch:count:{device_class}"
 
     @property
     def itl_tails(self) -> str:
         """Hash of the gateways' delivered inter-token latency tails per device class
         (broker/itl_tails.py): what the dispatcher's SLO rule must keep."""
-        return f"{self.prefix}:itl:tails"
+        return f"{self.farm}:itl:tails"
 
     # ---- offline batches (rq jobs; see batch/jobs.py, docs/batch.md) ----
     @property

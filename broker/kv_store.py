@@ -29,6 +29,7 @@ from multiprocessing import resource_tracker, shared_memory
 
 import redis
 
+from .connect import address
 from .keys import KEYS, Keys, farm_tag
 from .schemas import KVHandle
 
@@ -76,7 +77,7 @@ class KVStore:
         self.ttl = ttl
         self.worker_id = worker_id
         # Names this store's segments; None = the tag of this client's own connection.
-        self.farm = farm if farm is not None else farm_tag(_address(r), keys.prefix)
+        self.farm = farm if farm is not None else farm_tag(address(r), keys.prefix)
 
     # ---- producer ----------------------------------------------------------------------
 
@@ -99,7 +100,10 @@ class KVStore:
             created_by=self.worker_id,
             expires_at=expires,
         )
-        pipe = self.r.pipeline()
+        # Without MULTI: the lease, the index and the owner set are in three slots. A process
+        # killed between them leaves keys that expire by themselves (every one has a TTL but
+        # the index, whose entries without a lease the sweeper drops).
+        pipe = self.r.pipeline(transaction=False)
         if store == "shm":
             handle.location = segment_prefix(self.farm) + handle_id[:24]
         elif store == "redis":
@@ -199,7 +203,7 @@ class KVStore:
         """The bytes, then every record of the lease (`handle`: None when it is gone already)."""
         if handle is not None and handle.store == "shm" and handle.host == HOST:
             _unlink(handle.location)  # the bytes first: see put()
-        pipe = self.r.pipeline()
+        pipe = self.r.pipeline(transaction=False)
         pipe.delete(self.keys.kv_lease(handle_id))
         pipe.zrem(self.keys.kv_leases, handle_id)
         pipe.delete(self.keys.kv_blob(handle_id))
@@ -237,13 +241,6 @@ class KVStore:
             if raw is not None:
                 total += KVHandle.unpack(raw).nbytes
         return len(ids), total
-
-
-def _address(r: redis.Redis) -> str:
-    """Where a client connects (host:port/db or socket path), without credentials."""
-    kw = r.connection_pool.connection_kwargs
-    where = kw.get("path") or f"{kw.get('host', '')}:{kw.get('port', '')}"
-    return f"{where}/{kw.get('db', 0)}"
 
 
 def _untrack(seg: shared_memory.SharedMemory) -> None:

@@ -3,9 +3,13 @@
 Wire format (names from `keys.py`):
 
 * prefill stream, decode streams: `XADD stream * j <Job.pack()>`; read with XREADGROUP.
-* token delivery, per event, in one pipeline: `XADD out:{rid} MAXLEN ~ N * e <TokenEvent.pack()>`,
-  `EXPIRE out:{rid} output_ttl`, then `PUBLISH tokens:{rid} <TokenEvent.pack()>`. The stream is
-  written first, so a subscriber that sees a gap can always fill it from the stream.
+* token delivery, per engine step, in one pipeline: per request one
+  `XADD out:{rid} MAXLEN ~ N * e <TokenEvent.pack()>` (`b <pack_events(...)>` when the step
+  made several events of it; read entries with `entry_events`), its `EXPIRE out:{rid}
+  output_ttl` on its first and last event (and every output_ttl/4 between), then per gateway
+  one `PUBLISH gateway:{gid} <pack_events(...)>` with the step's events of every request that
+  gateway submitted (the job's `gateway`). The streams are written first, so a subscriber
+  that sees a gap can always fill it from a stream.
 * cancellation: `SET cancelled:{rid} 1 EX ttl` then `PUBLISH cancel <rid>`.
 
 Every message is a msgpack map with a version field `v` first, then its fields by name. A
@@ -118,6 +122,7 @@ class PrefillJob(Message):
     created: float = 0.0
     deadline: float = 0.0  # unix time after which the request is abandoned (request_timeout)
     priority: int = 0  # 0 = interactive, higher = batch (served after interactive work)
+    gateway: str = ""  # the submitting gateway's id: its channel gets the tokens ("" = none)
 
 
 class DecodeJob(Message):
@@ -133,6 +138,7 @@ class DecodeJob(Message):
     created: float = 0.0
     deadline: float = 0.0
     priority: int = 0
+    gateway: str = ""
 
 
 class TokenEvent(Message):
@@ -155,3 +161,42 @@ class TokenEvent(Message):
     error: dict[str, Any] | None = None  # {"message", "type", "code"}
     worker: str = ""
     device: str = ""
+
+
+_EVENTS_DECODER = msgspec.msgpack.Decoder(list[TokenEvent])
+
+
+def pack_events(packed: list[bytes]) -> bytes:
+    """A msgpack array of already packed events (each packed once, for the stream and the
+    channel alike): the array header, then the events' bytes."""
+    n = len(packed)
+    if n < 16:
+        head = bytes((0x90 | n,))
+    elif n < 1 << 16:
+        head = b"\xdc" + n.to_bytes(2, "big")
+    else:
+        head = b"\xdd" + n.to_bytes(4, "big")
+    return head + b"".join(packed)
+
+
+def unpack_events(data: bytes) -> list[TokenEvent]:
+    """The events of a `pack_events` message, each checked like `TokenEvent.unpack`."""
+    try:
+        events = _EVENTS_DECODER.decode(data)
+    except msgspec.DecodeError as exc:
+        raise SchemaError(f"TokenEvent list: {exc}") from exc
+    for ev in events:
+        if type(ev.v) is not int or ev.v != VERSION:
+            raise SchemaError(f"TokenEvent: unsupported version {ev.v!r} (expected {VERSION})")
+    return events
+
+
+def entry_events(fields: dict) -> list[TokenEvent]:
+    """The events of one output-stream entry: field `e` (one event) or `b` (several)."""
+    one = fields.get(b"e", fields.get("e"))
+    if one is not None:
+        return [TokenEvent.unpack(one)]
+    several = fields.get(b"b", fields.get("b"))
+    if several is None:
+        raise SchemaError("output entry has no event field (e or b)")
+    return unpack_events(several)

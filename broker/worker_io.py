@@ -20,9 +20,10 @@ from dataclasses import dataclass
 import redis
 
 from . import itl_tails
+from .connect import Subscriber, clustered, publish
 from .keys import DEVICE_CLASSES, KEYS, Keys
 from .liveness import HEARTBEAT_TTL, is_alive
-from .schemas import SchemaError, TokenEvent
+from .schemas import SchemaError, TokenEvent, entry_events, pack_events
 
 log = logging.getLogger(__name__)
 # A claim skips entries delivered (or claimed) less than this long ago: two live workers that
@@ -151,7 +152,7 @@ class WorkQueues:
         return out
 
     def ack(self, entry: Entry) -> None:
-        pipe = self.r.pipeline()
+        pipe = self.r.pipeline()  # one key: one slot
         pipe.xack(entry.stream, self.group, entry.entry_id)
         pipe.xdel(entry.stream, entry.entry_id)
         pipe.execute()
@@ -159,7 +160,8 @@ class WorkQueues:
     def hand_over(self, entry: Entry, stream: str, data: bytes) -> None:
         """Queue a job made from `entry` on `stream` and ack `entry`, in one MULTI: the new job
         exists if and only if the old entry is acked, so a worker that dies here never leaves
-        both (two workers on one request) or neither (a lost request)."""
+        both (two workers on one request) or neither (a lost request). Every job stream has
+        the farm's hash tag (keys.py), so on a cluster too this is one MULTI on one node."""
         pipe = self.r.pipeline(transaction=True)
         pipe.xadd(stream, {"j": data})
         pipe.xack(entry.stream, self.group, entry.entry_id)
@@ -214,22 +216,59 @@ class WorkQueues:
 
 
 class TokenPublisher:
-    """Writes token events: output stream first (authoritative), then pub/sub (fast)."""
+    """Writes an engine step's token events: the output streams first (authoritative), then
+    pub/sub (fast), in one pipeline without MULTI (its keys are in many slots).
+
+    Per step: one XADD per request (all of its events of the step), one PUBLISH per gateway
+    (the events of every request it submitted), and an output stream's EXPIRE only on its first
+    and last event and every output_ttl/4 between (so a long generation never outlives it)."""
 
     def __init__(self, r: redis.Redis, keys: Keys = KEYS, output_ttl: int = 600):
         self.r, self.keys, self.output_ttl = r, keys, output_ttl
+        self.sharded = clustered(r)
+        self._ttl_set: dict[str, float] = {}  # request id -> monotonic time of its last EXPIRE
 
-    def publish(self, events: list[TokenEvent]) -> None:
+    def publish(self, events: list[TokenEvent], gateways: dict[str, str] | None = None) -> None:
+        """`gateways`: request id -> the id of the gateway that submitted it (from its job);
+        a request without one (a batch job, read from its stream) is not published."""
         if not events:
             return
-        pipe = self.r.pipeline(transaction=False)
+        by_request: dict[str, list[bytes]] = {}
+        ended: set[str] = set()
         for ev in events:
-            data = ev.pack()
-            out = self.keys.output_stream(ev.request_id)
-            pipe.xadd(out, {"e": data}, maxlen=OUTPUT_MAXLEN, approximate=True)
-            pipe.expire(out, self.output_ttl)
-            pipe.publish(self.keys.token_channel(ev.request_id), data)
+            by_request.setdefault(ev.request_id, []).append(ev.pack())
+            if ev.finish_reason is not None or ev.error is not None:
+                ended.add(ev.request_id)
+        by_channel: dict[str, list[bytes]] = {}
+        gateways = gateways or {}
+        now = time.monotonic()
+        pipe = self.r.pipeline(transaction=False)
+        for rid, packed in by_request.items():
+            out = self.keys.output_stream(rid)
+            fields = {"e": packed[0]} if len(packed) == 1 else {"b": pack_events(packed)}
+            pipe.xadd(out, fields, maxlen=OUTPUT_MAXLEN, approximate=True)
+            if self._ttl_due(rid, now, rid in ended):
+                pipe.expire(out, self.output_ttl)
+            gateway = gateways.get(rid)
+            if gateway:
+                by_channel.setdefault(self.keys.gateway_channel(gateway), []).extend(packed)
+        for channel, packed in by_channel.items():
+            publish(pipe, channel, pack_events(packed), self.sharded)
         pipe.execute()
+
+    def _ttl_due(self, request_id: str, now: float, ended: bool) -> bool:
+        last = self._ttl_set.get(request_id)
+        if ended:
+            self._ttl_set.pop(request_id, None)
+            return True
+        if last is not None and now - last < self.output_ttl / 4:
+            return False
+        self._ttl_set[request_id] = now
+        if len(self._ttl_set) > 4096:  # requests cancelled or moved away never sent a last event
+            old = [r for r, t in self._ttl_set.items() if now - t > self.output_ttl]
+            for r in old:
+                del self._ttl_set[r]
+        return True
 
     def delivered(self, request_id: str) -> list[TokenEvent]:
         """Every event already delivered for a request (to resume it after a crash)."""
@@ -237,11 +276,12 @@ class TokenPublisher:
         events = {}
         for entry_id, fields in rows:
             try:
-                ev = TokenEvent.unpack(fields.get(b"e", b""))
+                got = entry_events(fields)
             except SchemaError as exc:
                 log.warning("output of %s: skipping entry %s: %s", request_id, entry_id, exc)
                 continue
-            events.setdefault(ev.seq, ev)
+            for ev in got:
+                events.setdefault(ev.seq, ev)
         return [events[s] for s in sorted(events)]
 
 
@@ -250,16 +290,16 @@ class CancelWatcher:
 
     def __init__(self, r: redis.Redis, keys: Keys = KEYS):
         self.r, self.keys = r, keys
-        self.pubsub = r.pubsub(ignore_subscribe_messages=True)
+        self.pubsub = Subscriber(r)  # sharded on a cluster
         self.pubsub.subscribe(keys.cancel_channel)
 
     def poll(self) -> set[str]:
         ids: set[str] = set()
         while True:
-            msg = self.pubsub.get_message(timeout=0)
+            msg = self.pubsub.message()
             if msg is None:
                 return ids
-            if msg.get("type") == "message":
+            if msg.get("type") in ("message", "smessage"):
                 ids.add(_s(msg["data"]))
 
     def is_cancelled(self, request_id: str) -> bool:
@@ -291,14 +331,14 @@ class Heartbeat:
     def beat(self, **fields) -> None:
         key = self.keys.worker(self.worker_id)
         mapping = {**self.static, **fields, "last_seen": time.time()}
-        pipe = self.r.pipeline()
+        pipe = self.r.pipeline(transaction=False)  # the hash and the set: two slots
         pipe.hset(key, mapping={k: str(v) for k, v in mapping.items()})
         pipe.pexpire(key, max(int(self.ttl * 1000), 1))
         pipe.sadd(self.keys.workers, self.worker_id)
         pipe.execute()
 
     def remove(self) -> None:
-        pipe = self.r.pipeline()
+        pipe = self.r.pipeline(transaction=False)
         pipe.delete(self.keys.worker(self.worker_id))
         pipe.srem(self.keys.workers, self.worker_id)
         pipe.execute()
@@ -322,7 +362,7 @@ def live_workers(r: redis.Redis, keys: Keys = KEYS) -> list[dict[str, str]]:
     ids = [_s(i) for i in r.smembers(keys.workers)]
     if not ids:
         return []
-    pipe = r.pipeline()
+    pipe = r.pipeline(transaction=False)  # one hash per worker: many slots
     for wid in ids:
         pipe.hgetall(keys.worker(wid))
     alive, dead = [], []
@@ -363,7 +403,7 @@ def device_loads(r: redis.Redis, workers: list[dict[str, str]], keys: Keys = KEY
             # The slowest worker's curve and tail: a new stream may land on any of them.
             load.step_model = max(load.step_model or model, model, key=lambda m: m[0] + m[1])
             load.step_tail = max(load.step_tail, float(w.get("step_tail", 1.0)))
-    pipe = r.pipeline()
+    pipe = r.pipeline(transaction=False)
     for cls in loads:
         stream = keys.decode_stream(cls)
         pipe.xlen(stream)

@@ -25,6 +25,7 @@ from syshax.api.prepare import Plan, Preparer, job_ids
 from syshax.api.schemas import ChatCompletionRequest, CompletionRequest
 from syshax.api.tokenize import DetokenizeRequest, TokenizeRequest, detokenize, tokenize
 from syshax.broker.client import BrokerClient
+from syshax.broker.connect import async_client
 from syshax.broker.keys import DEVICE_CLASSES, Keys
 from syshax.shared.tokenizer import Tokenizer
 
@@ -41,8 +42,9 @@ log = logging.getLogger(__name__)
 
 
 def make_redis(url: str) -> aioredis.Redis:
-    """A client that fails fast when Redis is down (the gateway answers 503, it does not hang)."""
-    return aioredis.Redis.from_url(
+    """A client that fails fast when Redis is down (the gateway answers 503, it does not hang);
+    a cluster client when `url` names a node of a Redis Cluster (broker/connect.py)."""
+    return async_client(
         url,
         socket_connect_timeout=2.0,
         socket_timeout=10.0,
@@ -254,6 +256,7 @@ class Gateway:
             include_usage=bool(info["include_usage"]),
             tool_format=str(info.get("tool_format") or ""),
             after=after,
+            follow=True,  # maybe another gateway's request: its channel gets the tokens
         )
         gen.first_token_at, gen.finished = 0.0, True  # the first request recorded the metrics
         try:

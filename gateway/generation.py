@@ -51,6 +51,7 @@ class Generation:
         include_usage: bool = False,
         after: list[int] | None = None,
         tool_format: str = "",
+        follow: bool = False,
     ) -> None:
         self.broker, self.metrics = broker, metrics
         self.kind, self.request_id, self.model, self.created = kind, request_id, model, created
@@ -65,7 +66,8 @@ class Generation:
             for i, (jid, s) in enumerate(zip(job_ids, after, strict=True))
         ]
         self.subs: list[TokenSubscription] = [
-            broker.subscribe(jid, after_seq=s) for jid, s in zip(job_ids, after, strict=True)
+            broker.subscribe(jid, after_seq=s, follow=follow)
+            for jid, s in zip(job_ids, after, strict=True)
         ]
         self._queue: asyncio.Queue[tuple[int, TokenEvent | BaseException | None]] = asyncio.Queue()
         self._pumps: list[asyncio.Task[None]] = []

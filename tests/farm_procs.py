@@ -24,10 +24,11 @@ from typing import Any
 import httpx
 import openai
 import redis
+from syshax.broker.connect import sync_client
 from syshax.broker.embedded import EmbeddedRedis, free_port
 from syshax.broker.keys import DEVICE_CLASSES, KEYS
 from syshax.broker.kv_store import KVStore
-from syshax.broker.schemas import TokenEvent
+from syshax.broker.schemas import TokenEvent, entry_events
 from syshax.shared.config import Config, save_config
 
 HEARTBEAT_TTL = 3.0  # seconds, for test workers: a killed worker's jobs are claimed after this
@@ -37,12 +38,15 @@ class ProcFarm:
     """Redis + gateway(s) + workers as subprocesses, with their logs in `logdir`; the options
     are config keys (below, with their defaults). A `with` block stops it at the end."""
 
-    def __init__(self, tmp: Path, **config: Any) -> None:
+    def __init__(self, tmp: Path, server: Any = None, **config: Any) -> None:
+        """`server`: a Redis (anything with a `url`, e.g. tests/redis_cluster.py's cluster)
+        that the caller owns; None = an embedded one of the farm's own."""
         self.tmp = tmp
         self.logdir = tmp / "logs"
         self.logdir.mkdir(exist_ok=True)
-        self.redis = EmbeddedRedis().start()
-        self.r = redis.Redis.from_url(self.redis.url)
+        self.own_redis = server is None
+        self.redis = server or EmbeddedRedis().start()
+        self.r = sync_client(self.redis.url)
         cfg = Config()
         cfg.redis.url = self.redis.url
         cfg.max_model_len = config.pop("max_model_len", 1024)
@@ -221,9 +225,8 @@ class ProcFarm:
         return left
 
     def events(self, request_id: str) -> list[TokenEvent]:
-        return [
-            TokenEvent.unpack(f[b"e"]) for _, f in self.r.xrange(KEYS.output_stream(request_id))
-        ]
+        rows = self.r.xrange(KEYS.output_stream(request_id))
+        return [ev for _, fields in rows for ev in entry_events(fields)]
 
     # ---- Redis -----------------------------------------------------------------------------
     def stop_redis(self) -> None:
@@ -248,4 +251,5 @@ class ProcFarm:
                 proc.wait()
         self.procs.clear()
         self.r.close()
-        self.redis.stop()
+        if self.own_redis:
+            self.redis.stop()

@@ -26,7 +26,7 @@ import redis
 import uvicorn
 from syshax.broker.embedded import free_port
 from syshax.broker.keys import KEYS, Keys
-from syshax.broker.schemas import PrefillJob, SchemaError, TokenEvent
+from syshax.broker.schemas import PrefillJob, SchemaError, TokenEvent, pack_events
 from syshax.shared.detokenizer import IncrementalDetokenizer
 from syshax.shared.sampling import SamplingParams
 from syshax.shared.tokenizer import Tokenizer
@@ -105,8 +105,10 @@ class EchoWorker:
         pipe = self.r.pipeline(transaction=False)
         pipe.xadd(out, {"e": data}, maxlen=10_000, approximate=True)
         pipe.expire(out, 600)
-        if not (self.drop_every and event.seq % self.drop_every == self.drop_every - 1):
-            pipe.publish(self.keys.token_channel(event.request_id), data)
+        gateway = self.outputs[event.request_id].job.gateway
+        dropped = self.drop_every and event.seq % self.drop_every == self.drop_every - 1
+        if gateway and not dropped:
+            pipe.publish(self.keys.gateway_channel(gateway), pack_events([data]))
         pipe.execute()
 
     def _run(self, job: PrefillJob) -> None:

@@ -119,6 +119,7 @@ class Handoff:
             created=msg.created,
             deadline=msg.deadline,
             priority=msg.priority,
+            gateway=msg.gateway,
         )
         # One MULTI: the decode job exists if and only if the prefill entry is acked.
         self.streams.work.hand_over(job.entry, self.keys.decode_stream(device_class), decode.pack())

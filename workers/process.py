@@ -95,6 +95,7 @@ def serve(
     """The worker loop until `stop`; while Redis is down, keep the engine (loading it is the
     slow part) and retry with a capped exponential backoff, never crash-loop."""
     import redis
+    from syshax.broker.connect import sync_client
     from syshax.broker.keys import Keys
 
     from .metrics import WorkerMetrics, serve_metrics
@@ -104,7 +105,7 @@ def serve(
     metrics = WorkerMetrics(s.worker_id, s.device_class)
     if s.metrics_port:
         serve_metrics(metrics, s.metrics_host, s.metrics_port)
-    r = redis.Redis.from_url(redis_url, health_check_interval=10)
+    r = sync_client(redis_url, health_check_interval=10)  # a cluster's when it is one
     backoff, connected_at = 0.5, 0.0
     worker = None
     while not stop.is_set():

@@ -308,9 +308,12 @@ class Worker:
         """The step's tokens in one pipeline, timed for the heartbeat's cadence model."""
         dev, wid = self.opts.device, self.opts.worker_id
         events = []
+        gateways: dict[str, str] = {}  # whose channel gets each request's events
         for o in outs:
             job = self.jobs.get(o.request_id)
             prompt_tokens = len(job.msg.prompt_ids) if job else 0
+            if job is not None:
+                gateways[o.request_id] = job.msg.gateway
             events.append(
                 TokenEvent(
                     request_id=o.request_id,
@@ -325,7 +328,7 @@ class Worker:
                     device=dev,
                 )
             )
-        self.publisher.publish(events)
+        self.publisher.publish(events, gateways)
         self.cadence.published(rows, time.monotonic())
         self.metrics.generation_tokens.inc(len(outs))
 
@@ -344,7 +347,8 @@ class Worker:
         code = 400 if kind == "invalid_request_error" else 500
         err = {"message": message, "type": kind, "code": code}
         self.publisher.publish(
-            [TokenEvent(request_id=rid, seq=seq, error=err, worker=self.opts.worker_id)]
+            [TokenEvent(request_id=rid, seq=seq, error=err, worker=self.opts.worker_id)],
+            {rid: job.msg.gateway},
         )
         if job in self.backlog:
             self.backlog.remove(job)

@@ -40,8 +40,7 @@ import sys
 import threading
 import time
 
-import redis
-
+from syshax.broker.connect import sync_client
 from syshax.broker.farm_redis import FarmRedis
 from syshax.broker.keys import Keys
 from syshax.commands.renamed import with_old_names
@@ -249,7 +248,7 @@ def _published(cfg, config_path, url: str):
     from syshax.broker.kv_store import KVStore, sweep_segments
     from syshax.shared import farm_file
 
-    farm_tag = KVStore(redis.Redis.from_url(url), Keys(cfg.redis.prefix)).farm
+    farm_tag = KVStore(sync_client(url), Keys(cfg.redis.prefix)).farm
     swept = sweep_segments(farm_tag)
     if swept:
         log.info("freed %d shared-memory KV segment(s) left by an earlier run", swept)

@@ -76,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.live import Live
 
+    from syshax.broker.connect import sync_client
     from syshax.broker.keys import Keys
     from syshax.shared.config import ConfigError, load_config
 
@@ -91,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
     if not url:
         print(f"syshax top: {farm_file.NO_FARM}", file=sys.stderr)
         return 2
-    r = redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=5)
+    r = sync_client(url, socket_connect_timeout=2, socket_timeout=5)
     keys = Keys(cfg.redis.prefix)
     console = Console()
     try:

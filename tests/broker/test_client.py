@@ -13,7 +13,7 @@ import pytest
 import redis.asyncio as aioredis
 from syshax.broker.client import BrokerClient
 from syshax.broker.keys import Keys
-from syshax.broker.schemas import PrefillJob, TokenEvent
+from syshax.broker.schemas import PrefillJob, TokenEvent, pack_events
 
 
 @pytest.fixture(params=["fakeredis", "real"])
@@ -40,13 +40,15 @@ def ev(rid: str, seq: int, last: int) -> TokenEvent:
     )
 
 
-async def write(r, keys: Keys, event: TokenEvent, publish: bool = True, stream: bool = True):
-    data = event.pack()
+async def write(r, client: BrokerClient, event: TokenEvent, publish=True, stream=True):
+    """What a worker writes for one event: its output stream's entry, and a message on the
+    channel of the gateway (`client`) that submitted the request."""
+    data, keys = event.pack(), client.keys
     if stream:
         await r.xadd(keys.output_stream(event.request_id), {"e": data})
         await r.expire(keys.output_stream(event.request_id), 60)
     if publish:
-        await r.publish(keys.token_channel(event.request_id), data)
+        await r.publish(client.channel, pack_events([data]))
 
 
 async def collect(sub) -> list[TokenEvent]:
@@ -68,12 +70,12 @@ def test_lossy_duplicated_reordered_delivery_is_exact(backend):
             events = [ev(rid, s, n - 1) for s in range(n)]
             # The authoritative stream gets everything, in order, before any publish.
             for e in events:
-                await write(r, keys, e, publish=False)
+                await write(r, client, e, publish=False)
             published = [e for e in events if rng.random() > 0.2]  # ~20% dropped
             published += rng.sample(published, 8)  # duplicates
             rng.shuffle(published)  # reordered
             for e in published:
-                await write(r, keys, e, stream=False)
+                await write(r, client, e, stream=False)
         results = await asyncio.gather(*tasks)
         for rid, got in zip(rids, results, strict=True):
             assert [e.seq for e in got] == list(range(n)), rid
@@ -93,8 +95,8 @@ def test_dropped_final_event_is_found_by_polling(backend):
         await client.submit(PrefillJob(request_id="a"))
         task = asyncio.create_task(collect(sub))
         for s in range(3):
-            await write(r, keys, ev("a", s, 3))
-        await write(r, keys, ev("a", 3, 3), publish=False)  # the last message is lost
+            await write(r, client, ev("a", s, 3))
+        await write(r, client, ev("a", 3, 3), publish=False)  # the last message is lost
         got = await task
         assert [e.seq for e in got] == [0, 1, 2, 3]
         await client.aclose()
@@ -114,7 +116,7 @@ def test_live_events_arrive_without_polling(backend):
         task = asyncio.create_task(collect(sub))
         t0 = time.monotonic()
         for s in range(20):
-            await write(r, keys, ev("fast", s, 19))
+            await write(r, client, ev("fast", s, 19))
         got = await task
         assert [e.seq for e in got] == list(range(20))
         assert time.monotonic() - t0 < 5
@@ -129,12 +131,12 @@ def test_resume_after_seq_backfills_then_goes_live(backend):
         r, keys = backend(), Keys(prefix=f"t{uuid.uuid4().hex[:6]}")
         client = BrokerClient(r, keys, poll_interval=0.2)
         for s in range(5):
-            await write(r, keys, ev("b", s, 9))
+            await write(r, client, ev("b", s, 9))
         sub = client.subscribe("b", after_seq=2)
         task = asyncio.create_task(collect(sub))
         await asyncio.sleep(0.1)
         for s in range(5, 10):
-            await write(r, keys, ev("b", s, 9), publish=s % 2 == 0)
+            await write(r, client, ev("b", s, 9), publish=s % 2 == 0)
         got = await task
         assert [e.seq for e in got] == list(range(3, 10))
         await client.aclose()
@@ -148,7 +150,7 @@ def test_resume_of_a_finished_request_ends_at_once(backend):
         r, keys = backend(), Keys(prefix=f"t{uuid.uuid4().hex[:6]}")
         client = BrokerClient(r, keys, poll_interval=0.2)
         for s in range(4):
-            await write(r, keys, ev("c", s, 3))
+            await write(r, client, ev("c", s, 3))
         assert [e.seq for e in await collect(client.subscribe("c", after_seq=3))] == []
         assert [e.seq for e in await collect(client.subscribe("c", after_seq=1))] == [2, 3]
         await client.aclose()
@@ -164,9 +166,9 @@ def test_error_event_ends_the_subscription(backend):
         sub = client.subscribe("d")
         await client.submit(PrefillJob(request_id="d"))
         task = asyncio.create_task(collect(sub))
-        await write(r, keys, ev("d", 0, 99))
+        await write(r, client, ev("d", 0, 99))
         err = TokenEvent(request_id="d", seq=1, error={"message": "boom", "type": "x", "code": 500})
-        await write(r, keys, err)
+        await write(r, client, err)
         got = await task
         assert [e.seq for e in got] == [0, 1] and got[-1].error["message"] == "boom"
         await client.aclose()
@@ -213,22 +215,51 @@ def test_queue_depth_cancel_and_workers(backend):
     run(main())
 
 
-def test_one_pubsub_connection_and_unsubscribe_on_close(redis_url):
+def test_one_channel_per_gateway_carries_every_request(redis_url):
+    """30 requests of one gateway: one SUBSCRIBE (its channel, on one connection), and one
+    message with events of several requests reaches each of them."""
+
     async def main():
         r, keys = aioredis.Redis.from_url(redis_url), Keys(prefix="one")
-        client = BrokerClient(r, keys, poll_interval=0.2)
-        subs = [client.subscribe(f"m{i}") for i in range(30)]
-        for i in range(30):
-            await client.submit(PrefillJob(request_id=f"m{i}"))
-        numsub = dict(await r.pubsub_numsub(*[keys.token_channel(f"m{i}") for i in range(30)]))
-        assert set(numsub.values()) == {1}
+        client = BrokerClient(r, keys, poll_interval=60)  # only pub/sub delivers in time
+        rids = [f"m{i}" for i in range(30)]
+        subs = [client.subscribe(rid) for rid in rids]
+        for rid in rids:
+            job = PrefillJob(request_id=rid)
+            await client.submit(job)
+            assert job.gateway == client.gateway_id
+        assert dict(await r.pubsub_numsub(client.channel)) == {client.channel.encode(): 1}
         clients = await r.client_list()
         assert sum(1 for c in clients if int(c.get("sub", 0)) > 0) == 1
-        for s in subs:
-            await s.aclose()
-        await asyncio.sleep(0.2)
-        numsub = dict(await r.pubsub_numsub(*[keys.token_channel(f"m{i}") for i in range(30)]))
-        assert set(numsub.values()) == {0}
+        tasks = [asyncio.create_task(collect(s)) for s in subs]
+        for seq in range(3):  # one message per "step", every request in it
+            await r.publish(client.channel, pack_events([ev(rid, seq, 2).pack() for rid in rids]))
+        got = await asyncio.wait_for(asyncio.gather(*tasks), 5)
+        assert all([e.seq for e in g] == [0, 1, 2] for g in got)
+        assert not client._routes  # finished subscriptions are forgotten
+        await client.aclose()
+        await r.aclose()
+
+    run(main())
+
+
+def test_followed_subscription_reads_the_stream_without_pubsub(backend):
+    """A resume may be another gateway's request (its tokens go to that one's channel): a
+    `follow` subscription gets them from the output stream as they come, not at each poll."""
+
+    async def main():
+        r, keys = backend(), Keys(prefix=f"t{uuid.uuid4().hex[:6]}")
+        client = BrokerClient(r, keys, poll_interval=60)
+        for s in range(3):
+            await write(r, client, ev("f", s, 9), publish=False)
+        sub = client.subscribe("f", after_seq=0, follow=True)
+        task = asyncio.create_task(collect(sub))
+        t0 = time.monotonic()
+        for s in range(3, 10):
+            await asyncio.sleep(0.01)
+            await write(r, client, ev("f", s, 9), publish=False)
+        assert [e.seq for e in await asyncio.wait_for(task, 10)] == list(range(1, 10))
+        assert time.monotonic() - t0 < 5
         await client.aclose()
         await r.aclose()
 
@@ -245,7 +276,7 @@ def test_redis_restart_pubsub_reconnects():
         await client.submit(PrefillJob(request_id=rid))
         task = asyncio.create_task(collect(sub))
         for s in range(5):
-            await write(r, keys, ev(rid, s, 4))
+            await write(r, client, ev(rid, s, 4))
         return [e.seq for e in await task]
 
     async def main():
@@ -270,7 +301,7 @@ def test_redis_restart_pubsub_reconnects():
             assert got == list(range(5))
             task = asyncio.create_task(collect(held))
             for s in range(5):
-                await write(r, keys, ev("held", s, 4))
+                await write(r, client, ev("held", s, 4))
             assert [e.seq for e in await asyncio.wait_for(task, 10)] == list(range(5))
         finally:
             await client.aclose()

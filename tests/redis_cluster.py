@@ -1,0 +1,166 @@
+"""A local Redis Cluster for tests: 3 primaries with one replica each, from the machine's
+`redis-server` on free ports (`--cluster-enabled yes`, joined by `redis-cli --cluster create
+... --cluster-replicas 1`), each node in a directory of its own, all stopped at the end."""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import redis
+from redis.cluster import RedisCluster
+
+NODES = 6  # 3 primaries + 3 replicas
+
+
+def cluster_tools() -> str | None:
+    """Why no cluster can be started here (None: it can)."""
+    for exe in ("redis-server", "redis-cli"):
+        if shutil.which(exe) is None:
+            return f"no {exe} on PATH"
+    return None
+
+
+class LocalCluster:
+    def __init__(self, node_timeout_ms: int = 1000) -> None:
+        self.node_timeout_ms = node_timeout_ms
+        self.ports: list[int] = []
+        self.procs: dict[int, subprocess.Popen] = {}
+        self._dir = tempfile.TemporaryDirectory(prefix="syshax-cluster-")
+
+    @property
+    def url(self) -> str:
+        """One node's URL, as a farm names the cluster (any node will do)."""
+        return f"redis://127.0.0.1:{self.ports[0]}/0"
+
+    def _start_node(self, port: int) -> None:
+        home = Path(self._dir.name) / str(port)
+        home.mkdir(exist_ok=True)
+        args = [
+            "redis-server",
+            "--port", str(port),
+            "--bind", "127.0.0.1",
+            "--cluster-enabled", "yes",
+            "--cluster-config-file", "nodes.conf",
+            "--cluster-node-timeout", str(self.node_timeout_ms),
+            "--dir", str(home),
+            "--save", "",
+            "--appendonly", "no",
+            "--loglevel", "warning",
+            "--logfile", "redis.log",
+            "--hz", "100",
+        ]  # fmt: skip
+        self.procs[port] = subprocess.Popen(args, stdout=subprocess.DEVNULL)
+
+    def start(self, timeout: float = 30.0) -> LocalCluster:
+        self.ports = []
+        while len(self.ports) < NODES:
+            port = _cluster_port()
+            if port not in self.ports:
+                self.ports.append(port)
+        for port in self.ports:
+            self._start_node(port)
+        for port in self.ports:
+            _wait_ping(port, timeout)
+        create = ["redis-cli", "--cluster", "create"]
+        create += [f"127.0.0.1:{p}" for p in self.ports]
+        create += ["--cluster-replicas", "1", "--cluster-yes"]
+        out = subprocess.run(create, capture_output=True, text=True, timeout=timeout)
+        if out.returncode != 0:
+            raise RuntimeError(f"redis-cli --cluster create failed: {out.stdout}{out.stderr}")
+        self.wait_ok(timeout)
+        return self
+
+    def wait_ok(self, timeout: float = 30.0) -> None:
+        """Until every live node says cluster_state:ok and every slot has a primary."""
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if all(self._node_ok(p) for p in self.live_ports()):
+                return
+            time.sleep(0.1)
+        raise RuntimeError("the cluster did not become ok")
+
+    def _node_ok(self, port: int) -> bool:
+        with contextlib.closing(redis.Redis(port=port, socket_timeout=1)) as r:
+            try:
+                info = r.cluster("info")
+            except redis.RedisError:
+                return False
+        state = info.get("cluster_state") if isinstance(info, dict) else None
+        return state == "ok" and int(info.get("cluster_slots_ok", 0)) == 16384
+
+    def live_ports(self) -> list[int]:
+        return [p for p, proc in self.procs.items() if proc.poll() is None]
+
+    def client(self) -> RedisCluster:
+        """A cluster client through a node that is alive (the URL's may have been killed)."""
+        return RedisCluster(host="127.0.0.1", port=self.live_ports()[0])
+
+    def primary_of(self, key: str) -> int:
+        """The port of the primary that holds `key`'s slot now."""
+        with contextlib.closing(self.client()) as rc:
+            return rc.get_node_from_key(key).port
+
+    def primaries(self) -> list[int]:
+        with contextlib.closing(self.client()) as rc:
+            return sorted(n.port for n in rc.get_primaries())
+
+    def kill(self, port: int) -> None:
+        """SIGKILL one node (a crash: its replica takes over after node_timeout)."""
+        proc = self.procs[port]
+        proc.kill()
+        proc.wait()
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self.procs.values():
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        self._dir.cleanup()
+
+    def __enter__(self) -> LocalCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _wait_ping(port: int, timeout: float) -> None:
+    end = time.monotonic() + timeout
+    with contextlib.closing(redis.Redis(port=port, socket_connect_timeout=0.2)) as r:
+        while time.monotonic() < end:
+            try:
+                r.ping()
+                return
+            except redis.ConnectionError:
+                time.sleep(0.05)
+    raise RuntimeError(f"redis-server on port {port} did not start")
+
+
+def _cluster_port() -> int:
+    """A free port whose cluster bus port (+10000) is free too; both under 65536."""
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(20000, 45000)
+        if all(_free(p) for p in (port, port + 10000)):
+            return port
+    raise RuntimeError("no free port pair for a cluster node")
+
+
+def _free(port: int) -> bool:
+    with contextlib.closing(socket.socket()) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
