@@ -44,7 +44,6 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     lengths = [int(x) for x in args.lengths.split(",")]
 
-    from syshax.shared.sampling import SamplingParams
     from syshax.workers.engine.engine import Engine
     from syshax.workers.vllm.args import VllmArgs
     from syshax.workers.vllm.engine import VllmEngine
@@ -59,6 +58,16 @@ def main(argv: list[str] | None = None) -> None:
     max_len = max(lengths) + 16
     vllm = VllmEngine(folder, VllmArgs(dtype=args.dtype, max_model_len=max_len, max_num_seqs=4, enforce_eager=True, cpu_kv_cache_gib=2))  # fmt: skip
     cpu = Engine(folder, max_model_len=max_len, max_num_seqs=4, quantize=None, op_mode=None, progress=False, prefix_caching=False)  # fmt: skip
+    rows, back_rows = measure(vllm, cpu, lengths, args.repeats)
+    vllm.close()
+
+    report(folder, args, rows, back_rows)
+
+
+def measure(vllm, cpu, lengths: list[int], repeats: int) -> tuple[list, list]:
+    """Per prompt length, the medians of both directions' timings (module docstring)."""
+    from syshax.shared.sampling import SamplingParams
+
     params = SamplingParams(max_tokens=2, temperature=0.0, seed=0)
     rng = random.Random(0)
     rows, back_rows = [], []
@@ -66,7 +75,7 @@ def main(argv: list[str] | None = None) -> None:
     for length in lengths:
         export_ms, import_ms, recompute_ms, sizes = [], [], [], []
         back_export_ms, back_import_ms, back_recompute_ms = [], [], []
-        for _ in range(args.repeats):
+        for _ in range(repeats):
             n += 1
             prompt = [rng.randrange(100, 40000) for _ in range(length)]
             rid = f"h{n}"
@@ -104,8 +113,10 @@ def main(argv: list[str] | None = None) -> None:
         med = statistics.median
         rows.append((length, med(sizes) / 2**20, med(export_ms), med(import_ms), med(recompute_ms)))  # fmt: skip
         back_rows.append((length, med(back_export_ms), med(back_import_ms), med(back_recompute_ms)))  # fmt: skip
-    vllm.close()
+    return rows, back_rows
 
+
+def report(folder: Path, args: argparse.Namespace, rows: list, back_rows: list) -> None:
     import vllm as vllm_pkg
 
     print(f"# vLLM -> CPU KV handoff, {folder.name}, dtype {args.dtype}")

@@ -123,57 +123,10 @@ def build_backend(meta: Mapping[str, Any], where: str) -> tuple[Backend, bool]:
     types = [int(t) for t in meta.get("tokenizer.ggml.token_type") or [_NORMAL] * len(tokens)]
     if len(types) != len(tokens):
         raise GGUFError(f"{where}: {len(tokens)} tokens but {len(types)} token types")
-    added = {_CONTROL, _USER_DEFINED, _UNKNOWN}
-
     if kind == "gpt2":
-        byte_map = _byte_map()
-        alphabet = set(byte_map.values())
-        # Normal tokens are spelled in the byte alphabet; respell the rare one that is not. Control
-        # and user-defined tokens stay raw: they are matched on raw text as added tokens below.
-        vocab: dict[str, int] = {}
-        for i, (tok, kind_i) in enumerate(zip(tokens, types, strict=True)):
-            if kind_i not in added and not set(tok) <= alphabet:
-                tok = "".join(byte_map[b] for b in tok.encode("utf-8"))
-            vocab.setdefault(tok, i)  # a duplicate text keeps its first id, as llama.cpp does
-        merges = meta.get("tokenizer.ggml.merges")
-        if not merges:
-            raise GGUFError(f"{where}: GGUF byte-level BPE tokenizer has no tokenizer.ggml.merges")
-        pre = str(meta.get("tokenizer.ggml.pre") or "default")
-        normalizer, pre_tok, ignore_merges = _byte_level_pre_tokenizer(pre, where)
-        pairs = [tuple(m.split(" ", 1)) for m in merges]
-        backend = _bpe(where, vocab, pairs, ignore_merges=ignore_merges)
-        backend.normalizer = normalizer
-        backend.pre_tokenizer = pre_tok
-        backend.decoder = decoders.ByteLevel()
-        # llama.cpp adds BOS by default for the Llama 3 family only.
-        default_bos = _PRE_FAMILY.get(pre) == "llama3"
+        backend, default_bos = _byte_level_bpe(meta, where, tokens, types)
     elif kind == "llama":
-        # SentencePiece BPE (Llama 2, Mistral), as their legacy tokenizer.json: spaces become "▁",
-        # one is prepended to each text segment (llama.cpp does the same after each special
-        # token), unknown bytes fall back to <0xNN> tokens.
-        vocab = {}
-        for i, tok in enumerate(tokens):
-            vocab.setdefault(tok, i)
-        if meta.get("tokenizer.ggml.merges"):
-            merges = [tuple(m.split(" ", 1)) for m in meta["tokenizer.ggml.merges"]]
-        elif meta.get("tokenizer.ggml.scores"):
-            scores = meta["tokenizer.ggml.scores"]
-            if len(scores) != len(tokens):
-                raise GGUFError(f"{where}: {len(tokens)} tokens but {len(scores)} scores")
-            merges = _spm_merges(tokens, scores, types)
-        else:
-            raise GGUFError(f"{where}: GGUF SentencePiece tokenizer has neither merges nor scores")
-        unk_id = meta.get("tokenizer.ggml.unknown_token_id")
-        unk = tokens[unk_id] if unk_id is not None and 0 <= unk_id < len(tokens) else None
-        backend = _bpe(where, vocab, merges, unk_token=unk, fuse_unk=True, byte_fallback=True)
-        prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", True))
-        replace = normalizers.Replace(" ", "▁")
-        backend.normalizer = (
-            normalizers.Sequence([normalizers.Prepend("▁"), replace]) if prefix else replace
-        )
-        steps = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
-        backend.decoder = decoders.Sequence(steps + ([decoders.Strip(" ", 1, 0)] if prefix else []))
-        default_bos = True
+        backend, default_bos = _sentencepiece_bpe(meta, where, tokens, types)
     else:
         raise GGUFError(
             f"{where}: GGUF tokenizer model tokenizer.ggml.model={kind!r} is not supported "
@@ -197,6 +150,65 @@ def build_backend(meta: Mapping[str, Any], where: str) -> tuple[Backend, bool]:
         ]
     )
     return backend, default_bos
+
+
+def _byte_level_bpe(
+    meta: Mapping[str, Any], where: str, tokens: list[str], types: list[int]
+) -> tuple[Backend, bool]:
+    """tokenizer.ggml.model gpt2: byte-level BPE (Llama 3, Qwen, SmolLM)."""
+    byte_map = _byte_map()
+    alphabet = set(byte_map.values())
+    added = {_CONTROL, _USER_DEFINED, _UNKNOWN}
+    # Normal tokens are spelled in the byte alphabet; respell the rare one that is not. Control
+    # and user-defined tokens stay raw: they are matched on raw text as added tokens.
+    vocab: dict[str, int] = {}
+    for i, (tok, kind_i) in enumerate(zip(tokens, types, strict=True)):
+        if kind_i not in added and not set(tok) <= alphabet:
+            tok = "".join(byte_map[b] for b in tok.encode("utf-8"))
+        vocab.setdefault(tok, i)  # a duplicate text keeps its first id, as llama.cpp does
+    merges = meta.get("tokenizer.ggml.merges")
+    if not merges:
+        raise GGUFError(f"{where}: GGUF byte-level BPE tokenizer has no tokenizer.ggml.merges")
+    pre = str(meta.get("tokenizer.ggml.pre") or "default")
+    normalizer, pre_tok, ignore_merges = _byte_level_pre_tokenizer(pre, where)
+    pairs = [tuple(m.split(" ", 1)) for m in merges]
+    backend = _bpe(where, vocab, pairs, ignore_merges=ignore_merges)
+    backend.normalizer = normalizer
+    backend.pre_tokenizer = pre_tok
+    backend.decoder = decoders.ByteLevel()
+    # llama.cpp adds BOS by default for the Llama 3 family only.
+    return backend, _PRE_FAMILY.get(pre) == "llama3"
+
+
+def _sentencepiece_bpe(
+    meta: Mapping[str, Any], where: str, tokens: list[str], types: list[int]
+) -> tuple[Backend, bool]:
+    """tokenizer.ggml.model llama: SentencePiece BPE (Llama 2, Mistral), as their legacy
+    tokenizer.json: spaces become "▁", one is prepended to each text segment (llama.cpp does
+    the same after each special token), unknown bytes fall back to <0xNN> tokens."""
+    vocab: dict[str, int] = {}
+    for i, tok in enumerate(tokens):
+        vocab.setdefault(tok, i)
+    if meta.get("tokenizer.ggml.merges"):
+        merges = [tuple(m.split(" ", 1)) for m in meta["tokenizer.ggml.merges"]]
+    elif meta.get("tokenizer.ggml.scores"):
+        scores = meta["tokenizer.ggml.scores"]
+        if len(scores) != len(tokens):
+            raise GGUFError(f"{where}: {len(tokens)} tokens but {len(scores)} scores")
+        merges = _spm_merges(tokens, scores, types)
+    else:
+        raise GGUFError(f"{where}: GGUF SentencePiece tokenizer has neither merges nor scores")
+    unk_id = meta.get("tokenizer.ggml.unknown_token_id")
+    unk = tokens[unk_id] if unk_id is not None and 0 <= unk_id < len(tokens) else None
+    backend = _bpe(where, vocab, merges, unk_token=unk, fuse_unk=True, byte_fallback=True)
+    prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", True))
+    replace = normalizers.Replace(" ", "▁")
+    backend.normalizer = (
+        normalizers.Sequence([normalizers.Prepend("▁"), replace]) if prefix else replace
+    )
+    steps = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
+    backend.decoder = decoders.Sequence(steps + ([decoders.Strip(" ", 1, 0)] if prefix else []))
+    return backend, True
 
 
 def set_post_processor(backend: Backend, bos: str | None, eos: str | None) -> None:

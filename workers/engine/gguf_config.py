@@ -58,44 +58,7 @@ def hf_config(
     def get(key: str, default: Any = _MISSING) -> Any:
         return field(info, f"{arch}.{key}", default)
 
-    def one_int(key: str, value: Any) -> int:
-        # A few converters write per-layer arrays; the engine needs one value for all layers.
-        if isinstance(value, list):
-            if not value or len(set(value)) != 1:
-                raise ModelLoadError(f"{path}: {arch}.{key} differs between layers: {value}")
-            value = value[0]
-        return int(value)
-
-    try:
-        hidden = int(get("embedding_length"))
-        n_layers = int(get("block_count"))
-        n_heads = one_int("attention.head_count", get("attention.head_count"))
-    except KeyError as exc:
-        raise ModelLoadError(f"{path}: missing metadata key {exc.args[0]!r}") from exc
-    n_kv_heads = one_int("attention.head_count_kv", get("attention.head_count_kv", n_heads))
-    head_dim = get("attention.key_length", None)
-    if head_dim is None and arch == "llama":
-        head_dim = get("rope.dimension_count", None)
-    head_dim = int(head_dim) if head_dim is not None else hidden // n_heads
-
-    embd = shapes.get("token_embd.weight")
-    embd_rows = int(embd[0]) if embd is not None and len(embd) == 2 else None
-    vocab_size = get("vocab_size", None)
-    if vocab_size is None:
-        vocab_size = embd_rows
-    if vocab_size is None:
-        raise ModelLoadError(f"{path}: no {arch}.vocab_size and no token_embd.weight")
-    if embd_rows is not None and int(vocab_size) != embd_rows:
-        raise ModelLoadError(
-            f"{path}: {arch}.vocab_size is {vocab_size} but token_embd.weight has {embd_rows} rows"
-        )
-
-    ffn = get("feed_forward_length", None)
-    if ffn is None and "blk.0.ffn_gate.weight" in shapes:
-        ffn = int(shapes["blk.0.ffn_gate.weight"][0])
-    if ffn is None:
-        raise ModelLoadError(f"{path}: missing metadata key '{arch}.feed_forward_length'")
-
+    hidden, n_layers, n_heads, n_kv_heads, head_dim = _attention(get, path, arch)
     rope_theta = float(get("rope.freq_base", 10000.0))
     hf_arch, model_type = SUPPORTED_GGUF_ARCHITECTURES[arch]
     model_name = f"{field(info, 'general.name', '')} {field(info, 'general.basename', '')}"
@@ -106,9 +69,9 @@ def hf_config(
     cfg: dict[str, Any] = {
         "architectures": [hf_arch],
         "model_type": model_type,
-        "vocab_size": int(vocab_size),
+        "vocab_size": _vocab_size(get, shapes, path, arch),
         "hidden_size": hidden,
-        "intermediate_size": one_int("feed_forward_length", ffn),
+        "intermediate_size": _ffn_width(get, shapes, path, arch),
         "num_hidden_layers": n_layers,
         "num_attention_heads": n_heads,
         "num_key_value_heads": n_kv_heads,
@@ -130,3 +93,55 @@ def hf_config(
         # llama.cpp runs llama-format Mistral files with full attention; so do we.
         cfg["sliding_window"] = None
     return cfg
+
+
+def _one_int(path: Path, arch: str, key: str, value: Any) -> int:
+    """A few converters write per-layer arrays; the engine needs one value for all layers."""
+    if isinstance(value, list):
+        if not value or len(set(value)) != 1:
+            raise ModelLoadError(f"{path}: {arch}.{key} differs between layers: {value}")
+        value = value[0]
+    return int(value)
+
+
+def _attention(get: Any, path: Path, arch: str) -> tuple[int, int, int, int, int]:
+    """(hidden size, layers, attention heads, KV heads, head dim) from the metadata."""
+    try:
+        hidden = int(get("embedding_length"))
+        n_layers = int(get("block_count"))
+        n_heads = _one_int(path, arch, "attention.head_count", get("attention.head_count"))
+    except KeyError as exc:
+        raise ModelLoadError(f"{path}: missing metadata key {exc.args[0]!r}") from exc
+    kv_heads = get("attention.head_count_kv", n_heads)
+    n_kv_heads = _one_int(path, arch, "attention.head_count_kv", kv_heads)
+    head_dim = get("attention.key_length", None)
+    if head_dim is None and arch == "llama":
+        head_dim = get("rope.dimension_count", None)
+    head_dim = int(head_dim) if head_dim is not None else hidden // n_heads
+    return hidden, n_layers, n_heads, n_kv_heads, head_dim
+
+
+def _vocab_size(get: Any, shapes: Mapping[str, tuple[int, ...]], path: Path, arch: str) -> int:
+    """The metadata's vocab_size, else token_embd.weight's rows (which it must match)."""
+    embd = shapes.get("token_embd.weight")
+    embd_rows = int(embd[0]) if embd is not None and len(embd) == 2 else None
+    vocab_size = get("vocab_size", None)
+    if vocab_size is None:
+        vocab_size = embd_rows
+    if vocab_size is None:
+        raise ModelLoadError(f"{path}: no {arch}.vocab_size and no token_embd.weight")
+    if embd_rows is not None and int(vocab_size) != embd_rows:
+        raise ModelLoadError(
+            f"{path}: {arch}.vocab_size is {vocab_size} but token_embd.weight has {embd_rows} rows"
+        )
+    return int(vocab_size)
+
+
+def _ffn_width(get: Any, shapes: Mapping[str, tuple[int, ...]], path: Path, arch: str) -> int:
+    """The metadata's feed_forward_length, else the first layer's gate rows."""
+    ffn = get("feed_forward_length", None)
+    if ffn is None and "blk.0.ffn_gate.weight" in shapes:
+        ffn = int(shapes["blk.0.ffn_gate.weight"][0])
+    if ffn is None:
+        raise ModelLoadError(f"{path}: missing metadata key '{arch}.feed_forward_length'")
+    return _one_int(path, arch, "feed_forward_length", ffn)

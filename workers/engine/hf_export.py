@@ -141,6 +141,27 @@ def export_hf(
         if len(shards) == 1
         else [f"model-{i:05d}-of-{len(shards):05d}.safetensors" for i in range(1, len(shards) + 1)]
     )
+    weight_map = _write_shards(gg, out, files, shards, torch_dtype, total, progress)
+    docs: dict[str, Any] = {}
+    if len(files) > 1:
+        docs[INDEX_FILE] = {
+            "metadata": {"total_size": total},
+            "weight_map": dict(sorted(weight_map.items())),
+        }
+    # After the index: the folder's digest reads the shards it lists.
+    docs[LINEAGE_FILE] = None
+    docs.update(tok_files)
+    docs["generation_config.json"] = _generation_config(gg.hf_config, eog)
+    docs["config.json"] = dict(sorted({**cfg, "torch_dtype": dtype_name(torch_dtype)}.items()))
+    lineage = _write_docs(gg, out, docs)
+    written = [*files, *docs]
+    return ExportResult(out, written, len(names), total, len(files), lineage["weights_digest"])
+
+
+def _write_shards(gg, out: Path, files, shards, torch_dtype, total: int, progress: bool):
+    """Each shard's tensors converted to `torch_dtype` and written (a progress bar over the
+    bytes); returns tensor name -> the file it is in."""
+    itemsize = torch.empty((), dtype=torch_dtype).element_size()
     bar = tqdm(
         total=total,
         desc=f"converting {gg.path.name}",
@@ -160,19 +181,12 @@ def export_hf(
                 weight_map[name] = file
             _write(out / file, lambda tmp, t=tensors: save_file(t, tmp, metadata={"format": "pt"}))
             del tensors
-    written = list(files)
+    return weight_map
 
-    docs: dict[str, Any] = {}
-    if len(files) > 1:
-        docs[INDEX_FILE] = {
-            "metadata": {"total_size": total},
-            "weight_map": dict(sorted(weight_map.items())),
-        }
-    # After the index: the folder's digest reads the shards it lists.
-    docs[LINEAGE_FILE] = None
-    docs.update(tok_files)
-    docs["generation_config.json"] = _generation_config(gg.hf_config, eog)
-    docs["config.json"] = dict(sorted({**cfg, "torch_dtype": dtype_name(torch_dtype)}.items()))
+
+def _write_docs(gg, out: Path, docs: dict[str, Any]) -> dict[str, Any]:
+    """The JSON files and tokenizer.json, in order (the lineage record where it is listed: after
+    the shards and their index, whose digest it holds); returns the lineage record."""
     lineage: dict[str, Any] = {}
     for name, doc in docs.items():
         if name == LINEAGE_FILE:
@@ -182,8 +196,7 @@ def export_hf(
         else:
             text = json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
             _write(out / name, lambda tmp, s=text: Path(tmp).write_text(s, encoding="utf-8"))
-        written.append(name)
-    return ExportResult(out, written, len(names), total, len(files), lineage["weights_digest"])
+    return lineage
 
 
 def dtype_name(dtype: torch.dtype) -> str:
