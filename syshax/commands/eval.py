@@ -100,6 +100,7 @@ def _engine(args: argparse.Namespace):
         max_num_seqs=1,
         max_num_batched_tokens=max(1, min(args.ctx, MAX_STEP_ROWS)),
         prefix_caching=False,
+        load_tokenizer=False,
         progress=not args.no_progress,
         quantize=quantize,
         op_mode=op_mode,
@@ -107,15 +108,18 @@ def _engine(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
+    from syshax.shared.tokenizer import Tokenizer
     from syshax.workers.engine.errors import EngineError
+    from syshax.workers.engine.loader import resolve_model_path
     from syshax.workers.eval.logit_file import LogitFileError
     from syshax.workers.eval.perplexity import EvalError, evaluate, plan_chunks
 
     try:
         text = Path(args.text).read_text(encoding="utf-8")
+        path = resolve_model_path(args.model)
+        tokens = Tokenizer.from_model_path(path).encode(text)
+        plan_chunks(len(tokens), args.ctx)  # before the weights load: a short text fails fast
         engine = _engine(args)
-        tokens = engine.tokenizer.encode(text)
-        plan_chunks(len(tokens), args.ctx)  # fail before any work when the text is too short
         result = evaluate(
             lambda ids, first: engine.prompt_logits(ids, first).numpy(),
             tokens,
