@@ -13,8 +13,10 @@ A decode is the case of one row. Each step (vLLM's max_num_batched_tokens):
    (prefix caching), then needs free blocks for the rest of its prompt.
 
 A prompt longer than what is left of the budget is computed in chunks over several steps.
-With `prompt_rows_while_decoding` set, a step that carries decodes takes at most that many
-prompt rows in all: a step's time is every running stream's inter-token gap, and a 256-row
+A step that carries decodes takes only the prompt rows its `PromptBudget` allows
+(prompt_budget.py): at most `prompt_rows_while_decoding`, and with `prompt_stretch` only as
+many as keep the step within that multiple of its decodes' own time, by the engine's
+step-time model. A step's time is every running stream's inter-token gap, and a 256-row
 prompt chunk on a CPU makes that gap ~1 s (SARATHI's point: bounded chunks keep decodes at
 pace). A step without decodes still fills the whole budget.
 When a decode finds no free block, the most recently admitted sequence is preempted: its
@@ -31,6 +33,7 @@ take the free blocks there are, and the budget left after every stream's own row
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +43,7 @@ from syshax.shared.sampling import SamplingParams
 from .block_manager import BlockManager
 from .errors import CapacityError, RequestError
 from .outputs import SpecCounts, StepOutput
+from .prompt_budget import PromptBudget, StepModel
 from .sequence import Sequence, make_detokenizer, record_token
 from .speculative import SpecConfig, SpecPolicy
 
@@ -124,16 +128,22 @@ class Scheduler:
         tokenizer=None,
         prompt_rows_while_decoding: int | None = None,
         speculation: SpecConfig | None = None,
+        prompt_stretch: float | None = None,
     ):
         """`max_num_batched_tokens`: the step's token budget (default: `step_budget`'s).
         `num_blocks`: KV blocks of `block_size` positions (default: room for every sequence
         at max_model_len). `prompt_rows_while_decoding`: the most prompt rows a step with
         decodes in it takes (None: the rest of the budget). `speculation`: how decodes
-        propose draft tokens (None or method "none": they do not)."""
+        propose draft tokens (None or method "none": they do not). `prompt_stretch`: such a
+        step's prompt rows keep it within this multiple of its decodes' time, predicted by
+        `step_model` (PromptBudget; None: the cap alone)."""
         self.max_num_batched_tokens = step_budget(
             max_num_seqs, max_num_batched_tokens, prompt_rows_while_decoding
         )
         self.prompt_rows_while_decoding = prompt_rows_while_decoding
+        self.prompt_budget = PromptBudget(prompt_rows_while_decoding, prompt_stretch)
+        # The step-time model (base s, s per row) the engine fits to its steps; None: none yet.
+        self.step_model: Callable[[], StepModel | None] = lambda: None
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
         self.stop_token_ids = stop_token_ids
@@ -240,8 +250,11 @@ class Scheduler:
             budget -= 1
         if self.spec is not None:
             budget -= self._speculate(step.chunks, budget)
-        if step.chunks and self.prompt_rows_while_decoding is not None:
-            budget = min(budget, self.prompt_rows_while_decoding)
+        if step.chunks:
+            timed = self.prompt_budget.stretch is not None
+            allowed = self.prompt_budget.rows(step.num_rows, self.step_model() if timed else None)
+            if allowed is not None:
+                budget = min(budget, allowed)
         for seq in [s for s in self.running if s.length - s.num_cached > 1]:
             if budget <= 0:
                 return step
@@ -284,8 +297,9 @@ class Scheduler:
             if draft and seq.constraint is not None:  # stop at the first refused token
                 draft = draft[: seq.constraint.valid_prefix(draft)]
             if draft and not self.blocks.grow(seq, seq.length + len(draft)):
-                room = len(seq.block_table) * self.blocks.block_size - seq.length
-                draft = draft[: max(room, 0)]
+                held = len(seq.block_table) + self.blocks.num_free  # the free blocks there are
+                draft = draft[: max(held * self.blocks.block_size - seq.length, 0)]
+                self.blocks.grow(seq, seq.length + len(draft))
             if draft:
                 chunk.draft = draft
                 chunk.length += len(draft)

@@ -1,0 +1,249 @@
+"""Speculative decoding on the CPU path, measured: n-gram speculation against none, and against
+llama.cpp's llama-server (plain and with its n-gram modes) on the same file and cores.
+
+The model is bench/spec_model.py's: SmolLM2-135M with every FFN zero-padded to 16,384 rows at
+Q4_0 (SmolLM2's behaviour, ~0.5 GB streamed per token like a 1B model). The prompts are
+input-grounded tasks (bench/prompts/grounded.jsonl: repeat, fix typos, rewrite, extract, edit
+code), each asked through the model's chat template, greedy, to its natural end (at most
+--max-tokens). At each stream level, the prompts run with that many in flight; tok/s is the
+tokens generated over the wall time, prefill included. Modes run in alternating rounds (the
+machine is shared: the order flips each round) and the medians are printed, with each
+round's figures. Greedy text with speculation must equal the text without: any difference is
+printed and counted.
+
+    python bench/spec.py                                  # ours: spec vs none, 1 and 4 streams
+    python bench/spec.py --llama-server ~/.cache/syshax/llama-server/llama-server
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+PROMPTS = HERE / "prompts" / "grounded.jsonl"
+LLAMA_SPEC_TYPES = ("ngram-simple", "ngram-map-k", "ngram-mod")
+
+
+def load_prompts(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+# ---- our engine -------------------------------------------------------------------------------
+
+
+def make_engine(model: Path, args: argparse.Namespace, method: str):
+    from syshax.workers.engine.engine import Engine
+    from syshax.workers.engine.speculative import SpecConfig
+
+    spec = SpecConfig(method=method, num_tokens=args.num_tokens)
+    return Engine(
+        model,
+        quantize="stored",
+        op_mode="fused",
+        max_model_len=args.max_model_len,
+        max_num_seqs=max(args.streams),
+        progress=False,
+        speculative=spec,
+    )
+
+
+def run_ours(engine, prompts: list[list[int]], streams: int, max_tokens: int) -> dict[str, Any]:
+    """All prompts, `streams` in flight; returns tokens, seconds, texts and acceptance."""
+    from syshax.shared.sampling import SamplingParams
+
+    params = SamplingParams(max_tokens=max_tokens, temperature=0)
+    spec0 = (engine.stats.spec.proposed, engine.stats.spec.accepted)
+    steps0 = (engine.stats.spec.decode_chunks, engine.stats.spec.decode_tokens)
+    outputs: dict[str, list[int]] = {}
+    queue = list(enumerate(prompts))
+    running = 0
+    started = time.perf_counter()
+    while queue or running:
+        while queue and running < streams:
+            i, ids = queue.pop(0)
+            engine.add_request(f"p{i}", ids, params)
+            outputs[f"p{i}"] = []
+            running += 1
+        for out in engine.step():
+            outputs[out.request_id].append(out.token_id)
+            running -= out.finished
+    seconds = time.perf_counter() - started
+    s = engine.stats.spec
+    proposed, accepted = s.proposed - spec0[0], s.accepted - spec0[1]
+    chunks, toks = s.decode_chunks - steps0[0], s.decode_tokens - steps0[1]
+    tokens = sum(len(v) for v in outputs.values())
+    return {
+        "tokens": tokens,
+        "seconds": seconds,
+        "tps": tokens / seconds,
+        "texts": [outputs[f"p{i}"] for i in range(len(prompts))],
+        "acceptance": accepted / proposed if proposed else None,
+        "tokens_per_step": toks / chunks if chunks else None,
+    }
+
+
+# ---- llama-server -----------------------------------------------------------------------------
+
+
+def start_llama(binary: Path, model: Path, args: argparse.Namespace, spec_type: str | None):
+    import httpx
+    from syshax.broker.embedded import free_port
+
+    port = free_port()
+    slots = max(args.streams)
+    argv = [str(binary), "-m", str(model), "-t", str(args.threads), "-tb", str(args.threads), "-np", str(slots), "-c", str(slots * args.max_model_len), "-cb", "--cache-ram", "0", "--no-webui", "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
+    if spec_type:
+        argv += ["--spec-type", spec_type]
+    log = Path(tempfile.mkdtemp(prefix="spec-llama-")) / "llama-server.log"
+    with open(log, "wb") as sink:
+        proc = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"llama-server exited at start: see {log}\n{' '.join(argv)}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                return proc, f"http://127.0.0.1:{port}", " ".join(argv)
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.25)
+    proc.kill()
+    raise SystemExit(f"llama-server was not healthy within 120 s: see {log}")
+
+
+def run_llama(url: str, prompts: list[dict], streams: int, max_tokens: int) -> dict[str, Any]:
+    import httpx
+
+    def one(p: dict) -> tuple[int, str]:
+        body = {"messages": p["messages"], "max_tokens": max_tokens, "temperature": 0}
+        r = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=600)
+        r.raise_for_status()
+        data = r.json()
+        return data["usage"]["completion_tokens"], data["choices"][0]["message"]["content"]
+
+    started = time.perf_counter()
+    with ThreadPoolExecutor(streams) as pool:
+        results = list(pool.map(one, prompts))
+    seconds = time.perf_counter() - started
+    tokens = sum(n for n, _ in results)
+    return {"tokens": tokens, "seconds": seconds, "tps": tokens / seconds, "texts": [t for _, t in results]}  # fmt: skip
+
+
+# ---- the rounds -------------------------------------------------------------------------------
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    model = args.model or _speed_model(args.threads)
+    prompts = load_prompts(args.prompts)
+    engines = {f"ours {m}": make_engine(model, args, m) for m in ("none", "ngram")}
+    tok = engines["ours none"].tokenizer
+    ids = [tok.encode_chat(p["messages"]) for p in prompts]
+    for eng in engines.values():  # warm: first-touch of weights and caches
+        run_ours(eng, ids[:1], 1, 8)
+    results: dict[str, dict[int, list[dict]]] = {}
+    mismatches = 0
+    for streams in args.streams:
+        for r in range(args.rounds):
+            order = list(engines) if r % 2 == 0 else list(reversed(engines))
+            for name in order:
+                res = run_ours(engines[name], ids, streams, args.max_tokens)
+                results.setdefault(name, {}).setdefault(streams, []).append(res)
+                print(f"# {streams} streams round {r}: {name}: {res['tps']:.1f} tok/s ({res['tokens']} tokens, {res['seconds']:.1f} s)", file=sys.stderr, flush=True)  # fmt: skip
+            plain = results["ours none"][streams][-1]["texts"]
+            spec = results["ours ngram"][streams][-1]["texts"]
+            for i, (a, b) in enumerate(zip(plain, spec, strict=True)):
+                if a != b:
+                    mismatches += 1
+                    print(f"# TEXT DIFFERS ({prompts[i]['name']}, {streams} streams):\n  none:  {tok.decode(a)!r}\n  ngram: {tok.decode(b)!r}", file=sys.stderr)  # fmt: skip
+    for eng in engines.values():
+        eng.runner.fused.close() if eng.runner.fused else None
+    engines.clear()
+    llama_cmds = {}
+    if args.llama_server:
+        for spec_type in (None, *LLAMA_SPEC_TYPES):
+            name = f"llama-server {spec_type or 'plain'}"
+            proc, url, cmd = start_llama(args.llama_server.expanduser(), model, args, spec_type)
+            llama_cmds[name] = cmd
+            try:
+                run_llama(url, prompts[:1], 1, 8)  # warm
+                for streams in args.streams:
+                    for r in range(args.rounds):
+                        res = run_llama(url, prompts, streams, args.max_tokens)
+                        results.setdefault(name, {}).setdefault(streams, []).append(res)
+                        print(f"# {streams} streams round {r}: {name}: {res['tps']:.1f} tok/s ({res['tokens']} tokens)", file=sys.stderr, flush=True)  # fmt: skip
+            finally:
+                proc.terminate()
+                proc.wait(30)
+    return {"model": str(model), "results": results, "mismatches": mismatches, "llama": llama_cmds}  # fmt: skip
+
+
+def _speed_model(threads: int) -> Path:
+    sys.path.insert(0, str(HERE))
+    from spec_model import speed_model
+
+    return speed_model(threads)
+
+
+def report(out: dict[str, Any], args: argparse.Namespace) -> None:
+    res = out["results"]
+    print(f"model: {out['model']}; prompts: {args.prompts.name}; greedy, max_tokens {args.max_tokens}; {args.rounds} rounds, medians")  # fmt: skip
+    print(f"{'mode':<26} {'streams':>7} {'tok/s':>8} {'rounds':<24} {'accept':>7} {'tok/step':>8}")
+    for name, levels in res.items():
+        for streams, runs in levels.items():
+            tps = statistics.median(r["tps"] for r in runs)
+            acc = runs[-1].get("acceptance")
+            tps_step = runs[-1].get("tokens_per_step")
+            rounds = " ".join(f"{r['tps']:.1f}" for r in runs)
+            print(f"{name:<26} {streams:>7} {tps:>8.1f} {rounds:<24} {_f(acc):>7} {_f(tps_step):>8}")  # fmt: skip
+    for streams in args.streams:
+        ours = {n: statistics.median(r["tps"] for r in lv[streams]) for n, lv in res.items() if n.startswith("ours")}  # fmt: skip
+        line = f"{streams} streams: ngram / none = {ours['ours ngram'] / ours['ours none']:.2f}x"
+        llama = {n: statistics.median(r["tps"] for r in lv[streams]) for n, lv in res.items() if n.startswith("llama")}  # fmt: skip
+        if llama:
+            best = max(llama, key=llama.get)
+            line += f"; ngram / llama-server's best ({best}, {llama[best]:.1f}) = {ours['ours ngram'] / llama[best]:.2f}x"  # fmt: skip
+        print(line)
+    print(f"greedy texts that differ with speculation: {out['mismatches']}")
+    for name, cmd in out["llama"].items():
+        print(f"{name}: {cmd}")
+
+
+def _f(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p.add_argument("--model", type=Path, default=None, help="GGUF to run (default: bench/spec_model.py's padded SmolLM2 at Q4_0, made if absent)")  # fmt: skip
+    p.add_argument("--prompts", type=Path, default=PROMPTS, help="JSONL of {name, messages} (default: %(default)s)")  # fmt: skip
+    p.add_argument("--streams", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4], help="stream levels, comma-separated (default 1,4)")  # fmt: skip
+    p.add_argument("--rounds", type=int, default=2, help="alternating rounds per level (default 2)")  # fmt: skip
+    p.add_argument("--max-tokens", type=int, default=192, help="most tokens per answer (default 192)")  # fmt: skip
+    p.add_argument("--num-tokens", type=int, default=5, help="speculative.num_tokens for ours (default 5)")  # fmt: skip
+    p.add_argument("--max-model-len", type=int, default=1024, help="context per sequence (default 1024)")  # fmt: skip
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="llama-server's threads (ours: torch's default, all cores)")  # fmt: skip
+    p.add_argument("--llama-server", type=Path, default=None, help="llama-server binary: also run it plain and with --spec-type ngram-simple|ngram-map-k|ngram-mod")  # fmt: skip
+    p.add_argument("--json", type=Path, default=None, help="also write every figure to this file")  # fmt: skip
+    args = p.parse_args(argv)
+    out = measure(args)
+    report(out, args)
+    if args.json:
+        for levels in out["results"].values():
+            for runs in levels.values():
+                for r in runs:
+                    r.pop("texts", None)
+        args.json.write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,167 @@
+"""Speculative decoding, the torch-free half: the n-gram proposer, the scheduler's drafts (k,
+budget, max_tokens, blocks) and the update that keeps accepted tokens and forgets the rest."""
+
+from __future__ import annotations
+
+import pytest
+from syshax.shared.sampling import SamplingParams
+from syshax.workers.engine.scheduler import Scheduler
+from syshax.workers.engine.sequence import Sequence
+from syshax.workers.engine.speculative import SpecConfig, SpecPolicy, ngram_propose
+
+from ...lightness import assert_loads_without
+
+
+def _reference_propose(ids, k, min_n, max_n):
+    for n in range(min(max_n, len(ids) - 1), min_n - 1, -1):
+        for i in range(len(ids) - n - 1, -1, -1):
+            if ids[i : i + n] == ids[-n:]:
+                return ids[i + n : i + n + k]
+    return []
+
+
+def test_speculative_module_imports_no_torch():
+    assert_loads_without("import syshax.workers.engine.speculative", ("torch",))
+
+
+def test_ngram_proposes_what_followed_the_latest_longest_match():
+    assert ngram_propose([1, 2, 3, 4, 1, 2], 3, 1, 3) == [3, 4, 1]
+    assert ngram_propose([7, 1, 2, 8, 9, 1, 2], 2, 2, 2) == [8, 9]  # the latest match
+    assert ngram_propose([1, 2, 5, 3, 2, 1, 2], 2, 1, 2) == [5, 3]  # n=2 beats n=1's later [2]
+    assert ngram_propose([1, 2], 2, 1, 2) == [] and ngram_propose([], 2, 1, 2) == []
+
+
+def test_ngram_matches_a_plain_search_with_ids_that_straddle_bytes():
+    import random
+
+    rng = random.Random(0)
+    for _ in range(3000):  # 256 and 65537 make byte patterns that match across two ids
+        ids = [rng.choice([1, 2, 3, 256, 257, 65537]) for _ in range(rng.randint(0, 18))]
+        k, lo = rng.randint(1, 4), rng.randint(1, 3)
+        hi = rng.randint(lo, 5)
+        assert ngram_propose(ids, k, lo, hi) == _reference_propose(ids, k, lo, hi)
+
+
+def test_config_refuses_what_cannot_run():
+    with pytest.raises(ValueError, match="not built yet"):
+        SpecConfig(method="draft").check()
+    with pytest.raises(ValueError, match="not one of"):
+        SpecConfig(method="eagle").check()
+    with pytest.raises(ValueError, match="num_tokens"):
+        SpecConfig(method="ngram", num_tokens=0).check()
+
+
+def test_k_adapts_to_acceptance_and_rows_share_one_tile():
+    policy = SpecPolicy(SpecConfig(method="ngram", num_tokens=4))
+    assert policy.wanted(None) == 4
+    low = policy.updated(None, 4, 0)
+    assert policy.wanted(low) == 1  # nothing accepted: one draft, to keep measuring
+    assert policy.wanted(policy.updated(low, 1, 1)) == 2  # recovers as drafts pass
+    assert [policy.draft_rows_each(n) for n in (1, 4, 8, 16)] == [15, 3, 1, 0]
+
+
+def _sched(spec: SpecConfig | None, seqs: int = 4, budget: int = 64, blocks: int | None = None):
+    return Scheduler(
+        max_num_seqs=seqs,
+        max_model_len=4 * blocks if blocks else 256,
+        max_num_batched_tokens=budget,
+        block_size=4,
+        num_blocks=blocks,
+        speculation=spec,
+    )
+
+
+REPEAT = [5, 6, 7, 8, 9, 10, 11, 12, 5, 6]  # the n-gram [5, 6] proposes 7, 8, ...
+
+
+def _prefill(s: Scheduler, rids: str, prompt=REPEAT, **params):
+    """Prompts `prompt` for each of `rids` prefilled in one step, each sampling 7."""
+    params.setdefault("max_tokens", 32)
+    for rid in rids:
+        s.add(s.new_sequence(rid, list(prompt), SamplingParams(temperature=0, **params)))
+    step = s.schedule()
+    assert len(step.sampling) == len(rids)
+    s.update(step, [7] * len(rids), [None] * len(rids))
+    return s.sequences[rids[-1]]
+
+
+def test_a_decode_carries_a_draft_and_keeps_only_accepted_rows():
+    s = _sched(SpecConfig(method="ngram", num_tokens=4))
+    seq = _prefill(s, "a")
+    step = s.schedule()
+    (chunk,) = step.chunks
+    assert chunk.draft == [8, 9, 10, 11] and chunk.length == 5
+    assert chunk.token_ids == [7, 8, 9, 10, 11] and chunk.start == seq.num_cached == 10
+    assert len(seq.block_table) == 4  # room for positions 0..14
+    outs = s.update(step, [8, 9, 42], [None] * 3, counts=[3])  # 2 accepted, then the target's
+    assert [o.token_id for o in outs] == [8, 9, 42] and [o.index for o in outs] == [1, 2, 3]
+    assert seq.output_ids == [7, 8, 9, 42] and seq.num_cached == seq.length - 1 == 13
+    assert len(seq.block_table) == 4  # 14 positions still need 4 blocks
+    assert s.spec_counts.proposed == 4 and s.spec_counts.accepted == 2
+    assert seq.acceptance == 0.5
+
+
+def test_rejected_rows_free_their_blocks_and_nothing_leaks():
+    s = _sched(SpecConfig(method="ngram", num_tokens=8), blocks=16)
+    seq = _prefill(s, "a", prompt=[5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 5, 6])
+    step = s.schedule()
+    assert len(step.chunks[0].draft) == 8 and len(seq.block_table) == 6  # 22 positions
+    s.update(step, [99], [None], counts=[1])  # every draft rejected
+    assert seq.num_cached == 14 and len(seq.block_table) == 4  # 15 positions: 4 blocks
+    s.abort("a")
+    assert s.blocks.num_free == 16
+
+
+def test_max_tokens_is_never_exceeded_and_stop_mid_run_discards_the_rest():
+    s = _sched(SpecConfig(method="ngram", num_tokens=8))
+    seq = _prefill(s, "a", max_tokens=4)
+    step = s.schedule()
+    assert step.chunks[0].draft == [8, 9]  # 1 generated + 2 drafts + the target's = 4
+    outs = s.update(step, [8, 9, 10], [None] * 3, counts=[3])
+    assert [o.token_id for o in outs] == [8, 9, 10] and outs[-1].finish_reason == "length"
+    assert "a" not in s.sequences and s.blocks.num_free == s.blocks.num_blocks
+    t = _sched(SpecConfig(method="ngram", num_tokens=4))
+    seq = _prefill(t, "b", stop_token_ids=[9])
+    step = t.schedule()
+    outs = t.update(step, [8, 9, 10], [None] * 3, counts=[3])
+    assert [o.token_id for o in outs] == [8, 9] and outs[-1].finish_reason == "stop"
+    assert seq.output_ids == [7, 8, 9] and t.blocks.num_free == t.blocks.num_blocks
+
+
+def test_speculation_is_off_when_the_step_is_compute_bound():
+    s = _sched(SpecConfig(method="ngram", num_tokens=4, max_step_rows=4), seqs=4)
+    _prefill(s, "abcd")
+    step = s.schedule()
+    assert len(step.chunks) == 4 and all(not c.draft for c in step.chunks)
+    s2 = _sched(SpecConfig(method="ngram", num_tokens=4, max_step_rows=8), seqs=4)
+    _prefill(s2, "ab")
+    step = s2.schedule()
+    assert [len(c.draft) for c in step.chunks] == [3, 3]  # (8 - 2) // 2 each
+
+
+def test_drafts_take_only_free_blocks_never_preempting():
+    s = _sched(SpecConfig(method="ngram", num_tokens=8), blocks=8)
+    seq = _prefill(s, "a")  # 11 positions: 3 blocks
+    other = Sequence("other", [1] * 16, SamplingParams())
+    assert s.blocks.grow(other, 16)  # 4 blocks elsewhere: one block left
+    step = s.schedule()
+    assert step.chunks[0].draft == [8, 9, 10, 11, 12]  # positions up to 15: 4 blocks
+    assert s.preemptions == 0 and len(seq.block_table) == 4 and s.blocks.num_free == 0
+
+
+def test_a_grammar_cuts_the_draft_at_the_first_refused_token():
+    class Matcher:  # allows two more tokens
+        def valid_prefix(self, tokens):
+            return min(2, len(tokens))
+
+    s = _sched(SpecConfig(method="ngram", num_tokens=4))
+    seq = _prefill(s, "a")
+    seq.constraint = Matcher()
+    assert s.schedule().chunks[0].draft == [8, 9]
+
+
+def test_without_speculation_nothing_changes():
+    s = _sched(None)
+    _prefill(s, "a")
+    step = s.schedule()
+    assert step.chunks[0].length == 1 and not step.chunks[0].draft
