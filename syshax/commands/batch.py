@@ -117,7 +117,7 @@ def _setup(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     import redis
 
-    from syshax.batch import jobs as batch
+    from syshax.batch import batches
     from syshax.shared.config import ConfigError
 
     try:
@@ -129,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
     except (ConfigError, ValueError, OSError) as exc:
         print(f"syshax batch: error: {exc}", file=sys.stderr)
         return 2
-    except batch.BatchNotFound as exc:
+    except batches.BatchNotFound as exc:
         print(f"syshax batch: no such batch: {exc.args[0]}", file=sys.stderr)
         return 2
     except redis.RedisError as exc:
@@ -139,11 +139,12 @@ def run(args: argparse.Namespace) -> int:
 
 # ---- client actions --------------------------------------------------------------------------
 def _submit(args, cfg, r, keys) -> int:
-    from syshax.batch import jobs as batch
+    from syshax.batch import batches
+    from syshax.batch.lines import parse_lines
 
     with open(args.file, encoding="utf-8") as fh:
-        items = batch.parse_lines(fh)
-    bid = batch.submit(
+        items = parse_lines(fh)
+    bid = batches.submit(
         r,
         items,
         source=os.path.abspath(args.file),
@@ -172,9 +173,9 @@ def _wait(r, bid: str, keys, poll: float = 1.0) -> dict[str, Any]:
     """Show done/failed/remaining until every request of the batch ended."""
     from tqdm import tqdm
 
-    from syshax.batch import jobs as batch
+    from syshax.batch import batches
 
-    st = batch.status(r, bid, keys)
+    st = batches.status(r, bid, keys)
     with tqdm(total=st["total"], desc=bid, unit="req", file=sys.stderr, disable=None) as bar:
         while True:
             ended = st["finished"] + st["failed"] + st["cancelled"]
@@ -186,7 +187,7 @@ def _wait(r, bid: str, keys, poll: float = 1.0) -> dict[str, Any]:
             if st["complete"]:
                 break
             time.sleep(poll)
-            st = batch.status(r, bid, keys)
+            st = batches.status(r, bid, keys)
     print(_summary(st), file=sys.stderr)
     return st
 
@@ -200,12 +201,12 @@ def _summary(st: dict[str, Any]) -> str:
 
 
 def _write_results(r, bid: str, keys, out: str) -> int:
-    from syshax.batch import jobs as batch
+    from syshax.batch import batches
 
     n = 0
     fh = sys.stdout if out == "-" else open(out, "w", encoding="utf-8")  # noqa: SIM115
     try:
-        for _, _, line in batch.results(r, bid, keys):
+        for _, _, line in batches.results(r, bid, keys):
             fh.write(json.dumps(line, ensure_ascii=False) + "\n")
             n += 1
     finally:
@@ -217,17 +218,17 @@ def _write_results(r, bid: str, keys, out: str) -> int:
 
 
 def _status(args, cfg, r, keys) -> int:
-    from syshax.batch import jobs as batch
+    from syshax.batch import batches
 
-    st = batch.status(r, args.batch_id, keys)
+    st = batches.status(r, args.batch_id, keys)
     print(json.dumps(st) if args.json else _summary(st))
     return 0
 
 
 def _results(args, cfg, r, keys) -> int:
-    from syshax.batch import jobs as batch
+    from syshax.batch import batches
 
-    st = _wait(r, args.batch_id, keys) if args.wait else batch.status(r, args.batch_id, keys)
+    st = _wait(r, args.batch_id, keys) if args.wait else batches.status(r, args.batch_id, keys)
     if not st["complete"] and not args.partial:
         print(
             f"syshax batch: {st['queued'] + st['started']} request(s) not ended yet "
@@ -240,21 +241,21 @@ def _results(args, cfg, r, keys) -> int:
 
 
 def _cancel(args, cfg, r, keys) -> int:
-    from syshax.batch import jobs as batch
+    from syshax.batch import batches
 
-    c = batch.cancel(r, args.batch_id, keys)
+    c = batches.cancel(r, args.batch_id, keys)
     print(f"{args.batch_id}: cancelled {c['cancelled']} waiting, stopping {c['stopping']} running")
     return 0
 
 
 def _list(args, cfg, r, keys) -> int:
-    from syshax.batch import jobs as batch
+    from syshax.batch import batches
 
     for raw in r.zrevrange(keys.batches, 0, -1):
         bid = raw.decode()
         try:
-            print(_summary(batch.status(r, bid, keys)))
-        except batch.BatchNotFound:
+            print(_summary(batches.status(r, bid, keys)))
+        except batches.BatchNotFound:
             r.zrem(keys.batches, bid)  # expired
     return 0
 
@@ -278,18 +279,18 @@ def _worker(args, cfg, url: str, keys) -> int:
     from rq.registry import clean_registries
     from rq.scheduler import RQScheduler
 
-    from syshax.batch import jobs as batch
+    from syshax.batch import batches, jobs
     from syshax.batch.farm_client import FarmClient, settings_from_config
     from syshax.commands.supervisor import Child, Supervisor
 
     if args.concurrency < 1:
         raise ValueError("--concurrency must be at least 1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # we fork after loading it
-    batch.set_client(FarmClient.from_settings(settings_from_config(cfg, url)))
+    jobs.set_client(FarmClient.from_settings(settings_from_config(cfg, url)))
     r = redis.Redis.from_url(url)
-    queue = batch.batch_queue(r, keys)
+    queue = batches.batch_queue(r, keys)
     scheduler = RQScheduler(
-        [queue], connection=r, logging_level=logging.WARNING, serializer=batch.SERIALIZER
+        [queue], connection=r, logging_level=logging.WARNING, serializer=jobs.SERIALIZER
     )
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -345,7 +346,7 @@ def _work(url: str, queue_name: str, args: argparse.Namespace) -> None:
     """One rq worker process (forks a work horse per job)."""
     import redis
 
-    from syshax.batch.jobs import BatchWorker
+    from syshax.batch.rq_worker import BatchWorker
     from syshax.shared import env
 
     for sig in (signal.SIGTERM, signal.SIGINT):

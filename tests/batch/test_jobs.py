@@ -16,8 +16,9 @@ import pytest
 import redis
 from rq import Worker
 from rq.job import Job
-from syshax.batch import jobs as batch
+from syshax.batch import batches, jobs
 from syshax.batch.farm_client import FarmClient, settings_from_config
+from syshax.batch.lines import parse_lines
 from syshax.broker.keys import KEYS
 from syshax.broker.schemas import PrefillJob, TokenEvent
 from syshax.shared.config import Config, save_config
@@ -86,11 +87,11 @@ def _lines(n: int, max_tokens: int = 4) -> list[str]:
 def _wait(r: redis.Redis, bid: str, timeout: float) -> dict:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
-        st = batch.status(r, bid)
+        st = batches.status(r, bid)
         if st["complete"]:
             return st
         time.sleep(0.5)
-    raise AssertionError(f"batch did not complete: {batch.status(r, bid)}")
+    raise AssertionError(f"batch did not complete: {batches.status(r, bid)}")
 
 
 def _children(pid: int) -> list[int]:
@@ -118,7 +119,7 @@ def test_parse_lines_reports_bad_lines_and_keeps_the_others():
         json.dumps({"custom_id": "a", "model": MODEL, "prompt": "again"}),
         json.dumps({"custom_id": "e", "model": MODEL}),
     ]
-    items = batch.parse_lines(lines)
+    items = parse_lines(lines)
     assert [i.line for i in items] == [1, 2, 3, 4, 6, 7, 8]
     err = {i.line: i.error for i in items}
     assert err[1] is None and err[6] is None
@@ -239,9 +240,9 @@ def test_batch_with_bad_lines_gives_every_result_once_in_input_order(
     assert by_id["no-body"]["response"] is None and "line 6" in by_id["no-body"]["error"]["message"]
     assert by_id["wrong-model"]["response"]["status_code"] == 404
     assert by_id["bare"]["response"]["body"]["object"] == "text_completion"
-    st = batch.status(r, bid)
+    st = batches.status(r, bid)
     assert (st["total"], st["finished"], st["failed"], st["invalid"]) == (15, 11, 4, 3)
-    job = Job.fetch(batch.job_id(bid, 1), connection=r, serializer=batch.SERIALIZER)
+    job = Job.fetch(batches.job_id(bid, 1), connection=r, serializer=jobs.SERIALIZER)
     assert job.meta["tokens"] == 4 and job.meta["attempts"] == 1 and job.meta["request_id"]
     show = subprocess.run(
         CLI + ["batch", "status", bid, "--json", "--config", str(config)],
@@ -256,10 +257,10 @@ def test_batch_with_bad_lines_gives_every_result_once_in_input_order(
 def _run_batch(redis_url, r, config, thread_farm, n: int, concurrency: int) -> float:
     with echo_farm(thread_farm, slots=16, step_delay=0.0), BatchWorkers(config, concurrency):
         t0 = time.monotonic()
-        bid = batch.submit(r, batch.parse_lines(_lines(n, max_tokens=2)))
+        bid = batches.submit(r, parse_lines(_lines(n, max_tokens=2)))
         _wait(r, bid, timeout=600)
         elapsed = time.monotonic() - t0
-    results = list(batch.results(r, bid))
+    results = list(batches.results(r, bid))
     assert [line for line, _, _ in results] == list(range(1, n + 1))
     assert [x["custom_id"] for _, _, x in results] == [f"req-{i}" for i in range(n)]
     assert all(x["response"]["status_code"] == 200 for _, _, x in results)
@@ -283,7 +284,7 @@ def test_batch_of_1000_short_requests_completes_with_every_result_once(
 def test_batch_survives_a_killed_rq_worker(redis_url, r, config, thread_farm):
     n = 24
     with echo_farm(thread_farm, slots=8, step_delay=0.02), BatchWorkers(config, 2):
-        bid = batch.submit(r, batch.parse_lines(_lines(n, max_tokens=30)))
+        bid = batches.submit(r, parse_lines(_lines(n, max_tokens=30)))
         victim = None
         end = time.monotonic() + 60
         while victim is None and time.monotonic() < end:
@@ -302,10 +303,10 @@ def test_batch_survives_a_killed_rq_worker(redis_url, r, config, thread_farm):
         st = _wait(r, bid, timeout=120)
         recovered = time.monotonic() - t0
     assert st["finished"] == n, st
-    results = list(batch.results(r, bid))
+    results = list(batches.results(r, bid))
     assert [x["custom_id"] for _, _, x in results] == [f"req-{i}" for i in range(n)]
     assert all(x["response"]["body"]["usage"]["completion_tokens"] == 30 for _, _, x in results)
-    job = Job.fetch(job_id, connection=r, serializer=batch.SERIALIZER)
+    job = Job.fetch(job_id, connection=r, serializer=jobs.SERIALIZER)
     assert job.meta["attempts"] == 2, job.meta  # retried once, after rq found it abandoned
     print(f"batch completed {recovered:.1f}s after the kill")
 
@@ -315,7 +316,7 @@ def test_dashboard_shows_batch_jobs_behind_basic_auth(redis_url, r, config):
     import httpx
     from syshax.broker.embedded import free_port
 
-    bid = batch.submit(r, batch.parse_lines(_lines(3)))  # no worker: they stay queued
+    bid = batches.submit(r, parse_lines(_lines(3)))  # no worker: they stay queued
     port = free_port()
     argv = CLI + ["dashboard", "--config", str(config), "--port", str(port)]
     env = {**os.environ, "RQ_DASHBOARD_PASSWORD": "s3cret"}
@@ -333,7 +334,7 @@ def test_dashboard_shows_batch_jobs_behind_basic_auth(redis_url, r, config):
         auth = ("ops", "s3cret")
         queues = httpx.get(base + "/0/data/queues.json", auth=auth).json()["queues"]
         assert {q["name"]: q["count"] for q in queues}[KEYS.batch_queue] == 3
-        job = httpx.get(f"{base}/0/data/job/{batch.job_id(bid, 1)}.json", auth=auth).json()
+        job = httpx.get(f"{base}/0/data/job/{batches.job_id(bid, 1)}.json", auth=auth).json()
         assert job["status"] == "queued" and bid in job["description"]
     finally:
         proc.terminate()
@@ -352,9 +353,9 @@ def test_dashboard_without_redis_url_is_a_clear_error(tmp_path):
 def test_cancel_stops_waiting_and_running_requests(redis_url, r, config, thread_farm, tmp_path):
     n = 12
     with echo_farm(thread_farm, slots=4, step_delay=0.02), BatchWorkers(config, 2):
-        bid = batch.submit(r, batch.parse_lines(_lines(n, max_tokens=400)))  # ~8 s each
+        bid = batches.submit(r, parse_lines(_lines(n, max_tokens=400)))  # ~8 s each
         end = time.monotonic() + 30
-        while batch.status(r, bid)["started"] < 2 and time.monotonic() < end:
+        while batches.status(r, bid)["started"] < 2 and time.monotonic() < end:
             time.sleep(0.1)
         res = subprocess.run(
             CLI + ["batch", "cancel", bid, "--config", str(config)],
@@ -367,7 +368,7 @@ def test_cancel_stops_waiting_and_running_requests(redis_url, r, config, thread_
         running = [
             j
             for j in Job.fetch_many(
-                [batch.job_id(bid, i) for i in range(1, n + 1)], r, serializer=batch.SERIALIZER
+                [batches.job_id(bid, i) for i in range(1, n + 1)], r, serializer=jobs.SERIALIZER
             )
             if j.meta.get("request_id")
         ]
@@ -398,7 +399,7 @@ def test_a_job_naming_another_function_never_runs(redis_url, r, config, thread_f
     planted_json = tmp_path / "planted-json"
     planted_pickle = tmp_path / "planted-pickle"
     # Anyone who can write to the queue could name any function: as JSON (our serializer)...
-    Queue(KEYS.batch_queue, connection=r, serializer=batch.SERIALIZER).enqueue(
+    Queue(KEYS.batch_queue, connection=r, serializer=jobs.SERIALIZER).enqueue(
         "os.system", f"touch {planted_json}", job_id="planted-json"
     )
     # ... or as a pickle (rq's default serializer: unpickling alone would run its code).
@@ -406,14 +407,14 @@ def test_a_job_naming_another_function_never_runs(redis_url, r, config, thread_f
         "os.system", f"touch {planted_pickle}", job_id="planted-pickle"
     )
     with echo_farm(thread_farm), BatchWorkers(config):
-        bid = batch.submit(r, batch.parse_lines(_lines(3)))  # the real jobs still run
+        bid = batches.submit(r, parse_lines(_lines(3)))  # the real jobs still run
         st = _wait(r, bid, timeout=120)
-        failed = FailedJobRegistry(KEYS.batch_queue, connection=r, serializer=batch.SERIALIZER)
+        failed = FailedJobRegistry(KEYS.batch_queue, connection=r, serializer=jobs.SERIALIZER)
         assert wait_for(lambda: len(failed.get_job_ids()) == 2, 30), failed.get_job_ids()
     assert st["finished"] == 3, st
     assert not planted_json.exists() and not planted_pickle.exists(), "a planted job ran"
     reasons = {
-        jid: Job.fetch(jid, connection=r, serializer=batch.SERIALIZER).latest_result().exc_string
+        jid: Job.fetch(jid, connection=r, serializer=jobs.SERIALIZER).latest_result().exc_string
         for jid in ("planted-json", "planted-pickle")
     }
     assert "function 'os.system' is not a farm batch function" in reasons["planted-json"]

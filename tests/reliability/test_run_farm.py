@@ -21,7 +21,8 @@ from pathlib import Path
 import httpx
 import pytest
 import redis
-from syshax.batch import jobs as batch
+from syshax.batch import batches
+from syshax.batch.lines import parse_lines
 from syshax.broker.embedded import free_port
 from syshax.broker.kv_store import KVStore, segment_prefix
 from syshax.shared.config import Config, save_config
@@ -182,7 +183,7 @@ def test_bounds_are_refused_with_a_400_naming_the_field(farm):
 def test_a_killed_redis_comes_back_and_the_queued_batch_completes(farm):
     r = farm.redis()
     lines = [json.dumps({"custom_id": f"r{i}", **chat(48)}) for i in range(6)]
-    bid = batch.submit(r, batch.parse_lines(lines))
+    bid = batches.submit(r, parse_lines(lines))
     time.sleep(1.5)  # the AOF is written every second: the batch is on disk
     redis_pids = [pid for pid, cmd in farm.processes() if "redis-server" in cmd]
     assert len(redis_pids) == 1, farm.processes()
@@ -191,7 +192,7 @@ def test_a_killed_redis_comes_back_and_the_queued_batch_completes(farm):
     status = None
     while time.monotonic() < end:
         try:
-            status = batch.status(farm.redis(), bid)
+            status = batches.status(farm.redis(), bid)
             if status["complete"]:
                 break
         except redis.RedisError:
