@@ -27,7 +27,7 @@ import redis
 
 from .keys import DEVICE_CLASSES, KEYS, Keys
 from .kv_store import KVStore
-from .schemas import DecodeJob, PrefillJob, SchemaError, TokenEvent
+from .schemas import DecodeJob, PrefillJob, SchemaError, entry_events
 
 log = logging.getLogger(__name__)
 MIN_BUDGET_S = 60.0  # a requeued job's time budget when its own was shorter or unknown
@@ -131,15 +131,17 @@ def _refreshed(job: PrefillJob | DecodeJob, now: float) -> PrefillJob | DecodeJo
     return msgspec.structs.replace(job, **changes)
 
 
-def _error_events(r: redis.Redis, request_id: str, keys: Keys) -> list[str]:
-    """Ids of the error events in a request's output stream."""
+def _error_entries(r: redis.Redis, request_id: str, keys: Keys) -> list[str]:
+    """Ids of the entries of a request's output stream that hold only error events (a worker
+    publishes a failure on its own; an entry with tokens in it is never removed)."""
     ids = []
     for eid, fields in r.xrange(keys.output_stream(request_id)):
         try:
-            if TokenEvent.unpack(fields.get(b"e", b"")).error:
-                ids.append(_s(eid))
+            events = entry_events(fields)
         except SchemaError:
             continue
+        if events and all(ev.error for ev in events):
+            ids.append(_s(eid))
     return ids
 
 
@@ -157,7 +159,10 @@ def requeue(
             f"dead letter {entry_id} cannot be requeued ({why}: a worker would dead-letter it "
             f"again); drop it instead"
         )
-    errors = _error_events(r, job.request_id, keys)
+    errors = _error_entries(r, job.request_id, keys)
+    # The letter and its stream share the farm's hash slot (keys.py): one MULTI, on a Redis
+    # Cluster too. The request's output has a slot of its own: cleaned after, and only once
+    # the job is back (a refused requeue leaves the request's failure where it was).
     with r.pipeline(transaction=True) as pipe:
         # Two operators (or a page and a CLI) requeueing the same letter at once: the letter
         # is watched, so only the first one's job is queued; the other finds it gone.
@@ -167,14 +172,14 @@ def requeue(
         pipe.multi()
         pipe.xadd(letter.stream, {"j": _refreshed(job, now).pack()})
         pipe.xdel(keys.dead_letter_stream, letter.id)
-        if errors:
-            pipe.xdel(keys.output_stream(job.request_id), *errors)
         try:
             pipe.execute()
         except redis.WatchError:
             raise DeadLetterError(
                 f"dead letter {entry_id}: the dead letters changed meanwhile; try again"
             ) from None
+    if errors:
+        r.xdel(keys.output_stream(job.request_id), *errors)
     if isinstance(job, DecodeJob) and job.kv is not None:
         KVStore(r, keys).free(job.kv.handle_id)  # the requeued job recomputes its KV
     log.warning(

@@ -156,7 +156,10 @@ def leases_view(
     now = time.time() if now is None else now
     total = r.zcard(keys.kv_leases)
     ids = [_s(i) for i in r.zrange(keys.kv_leases, 0, MAX_LEASES - 1)]
-    raws = r.mget([keys.kv_lease(i) for i in ids]) if ids else []
+    pipe = r.pipeline(transaction=False)  # each lease in its own slot (keys.py): no MGET
+    for hid in ids:
+        pipe.get(keys.kv_lease(hid))
+    raws = pipe.execute() if ids else []
     held, nbytes = [], 0
     for hid, raw in zip(ids, raws, strict=True):
         if raw is None:

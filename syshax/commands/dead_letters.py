@@ -59,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
     import redis
 
     from syshax.broker import dead_letters
+    from syshax.broker.connect import sync_client
     from syshax.broker.keys import Keys
     from syshax.shared import farm_file
     from syshax.shared.config import ConfigError, load_config, resolve_config_path
@@ -72,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     if not url:
         print(f"syshax dead-letters: {farm_file.NO_FARM}", file=sys.stderr)
         return 2
-    r = redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=5)
+    r = sync_client(url, socket_connect_timeout=2, socket_timeout=5)
     keys = Keys(cfg.redis.prefix)
     try:
         if args.action == "list":

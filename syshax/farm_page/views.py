@@ -15,6 +15,7 @@ import redis
 from flask import Blueprint, current_app, jsonify, render_template, request, url_for
 
 from syshax.broker import dead_letters
+from syshax.broker.connect import SyncClient, sync_client
 from syshax.broker.farm_view import farm_view
 
 from .app import FarmPageSettings
@@ -35,13 +36,11 @@ def _settings() -> FarmPageSettings:
     return current_app.config["FARM_PAGE"]
 
 
-def _redis() -> redis.Redis:
+def _redis() -> SyncClient:
     """One client per app (a connection pool), made on first use."""
     client = current_app.extensions.get("farm_redis")
     if client is None:
-        client = redis.Redis.from_url(
-            _settings().redis_url, socket_connect_timeout=2, socket_timeout=5
-        )
+        client = sync_client(_settings().redis_url, socket_connect_timeout=2, socket_timeout=5)
         current_app.extensions["farm_redis"] = client
     return client
 

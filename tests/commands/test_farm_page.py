@@ -192,3 +192,23 @@ def test_rq_dashboards_own_assets_are_served(redis_url):
     for asset in ("/static/css/bootstrap.min.css", "/static/js/jquery-3.5.1.min.js"):
         assert client.get(asset).status_code == 200, asset
     assert "/static/css/bootstrap.min.css" in client.get("/farm/").get_data(as_text=True)
+
+
+def test_kv_leases_and_delivered_tails_are_shown(redis_url, r):
+    from syshax.broker import itl_tails
+    from syshax.broker.kv_store import KVStore
+
+    KVStore(r, KEYS, ttl=120.0, worker_id="cpu0").put(b"x" * 100, {"num_tokens": 5}, "req-kv")
+    now = time.time()
+    r.hset(KEYS.itl_tails, "cpu:gw-a", itl_tails.pack(1.7, 400, now))
+    r.hset(KEYS.itl_tails, "xpu:gw-a", itl_tails.pack(1.2, 300, now - 60))  # a stopped gateway
+    state = _state(_client(redis_url, kv_ttl=120.0))
+    (lease,) = state["kv"]["held"]
+    assert state["kv"]["count"] == 1 and (lease["owner"], lease["worker"]) == ("req-kv", "cpu0")
+    assert lease["bytes"] == 100 and lease["tokens"] == 5
+    assert 0 <= lease["age_s"] < 5 and 115 < lease["expires_in_s"] <= 120
+    tails = {t["device_class"]: t for t in state["itl_tails"]}
+    assert (
+        tails["cpu"]["ratio"] == 1.7 and tails["cpu"]["fresh"] and tails["cpu"]["gateway"] == "gw-a"
+    )
+    assert not tails["xpu"]["fresh"] and tails["xpu"]["age_s"] >= 60

@@ -3,8 +3,11 @@
 "use strict";
 
 const body = document.body;
-const STATE_URL = body.dataset.stateUrl;
-const ACTION_URL = body.dataset.actionUrl;
+// Absolute, from the origin: a page opened as http://user:password@host/... would otherwise
+// resolve its fetches with the credentials in the URL, which fetch() refuses.
+const absolute = (url) => new URL(url, window.location.origin).href;
+const STATE_URL = absolute(body.dataset.stateUrl);
+const ACTION_URL = absolute(body.dataset.actionUrl);
 const ACTION_HEADER = body.dataset.actionHeader;
 const POLL_MS = Math.max(parseInt(body.dataset.pollMs, 10) || 1000, 200);
 const HISTORY = Math.round(60000 / POLL_MS); // a minute of stream lengths per stream
