@@ -23,12 +23,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--redis-url", default=None, help="Redis of the farm (default: redis.url)")
     sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
-    ls = sub.add_parser("list", help="list the newest dead letters with their reasons")
+    what = "list the newest dead letters with their reasons"
+    ls = sub.add_parser("list", help=what, description=what)
     ls.add_argument(
         "--count", type=int, default=50, help="how many, newest first (default: %(default)s)"
     )
-    for name, what in (("requeue", "put back on its own stream"), ("drop", "delete for good")):
-        one = sub.add_parser(name, help=f"a dead letter's job: {what}")
+    actions = (
+        (
+            "requeue",
+            "put back on its own stream, with its time budget again from now (a decode job "
+            "recomputes its KV; the request's error events are removed from its output)",
+        ),
+        ("drop", "delete for good (a decode job's KV lease is freed)"),
+    )
+    for name, what in actions:
+        one = sub.add_parser(name, help=f"a dead letter's job: {what.split(',')[0]}",
+                             description=f"A dead letter's job: {what}. Logged.")  # fmt: skip
         one.add_argument("id", help="the dead letter's id (the first column of `list`)")
         one.add_argument("--yes", action="store_true", help="do not ask for confirmation")
 
