@@ -295,6 +295,11 @@ class OutputConfig(_Section):
 # cap, ITL p99 613 -> 347 ms at 4 streams and 1237 -> 389 ms at 16, the same tok/s; 16 rows
 # took ITL p99 to 113 / 149 ms for 6-9% fewer tok/s.
 DEFAULT_CPU_PROMPT_ROWS_WHILE_DECODING = 64
+# The farm's prompt_stretch on a CPU engine when the config leaves it null: a step that
+# decodes may run twice its decodes' own time with prompt rows (about 7 rows beside 4 streams
+# of the 1B shape on 2 cores, about 20 beside 16), so a stream's worst gap is about twice its
+# usual one at any load (docs/engine.md, docs/benchmarks.md 2026-12-06).
+DEFAULT_CPU_PROMPT_STRETCH = 2.0
 
 
 class Config(_Section):
@@ -336,6 +341,12 @@ class Config(_Section):
         None,
         ge=1,
         description="most prompt rows an engine step takes while it also decodes running streams (a step is every running stream's inter-token gap: smaller keeps ITL down while prompts arrive, at some TTFT and tok/s); null = 64 on a CPU engine, the rest of max_num_batched_tokens on an accelerator",
+    )
+    prompt_stretch: float | None = Field(
+        None,
+        ge=1.0,
+        allow_inf_nan=False,
+        description="how much longer than its decodes alone an engine step that also decodes may run with prompt rows, by the engine's measured step times: few rows beside a few streams, more beside many (at least 4, at most prompt_rows_while_decoding); null = 2.0 on a CPU engine, no time rule (the cap alone) on an accelerator",
     )
     request_timeout: int = Field(
         600, ge=1, description="seconds a request may take, end to end, before it is cancelled"

@@ -42,6 +42,7 @@ def _native(s: WorkerSettings) -> EngineProtocol:
         kv_cache_bytes=s.kv_cache_bytes,
         prefix_caching=s.config.kv.prefix_caching,
         prompt_rows_while_decoding=s.prompt_rows_while_decoding,
+        prompt_stretch=s.prompt_stretch,
         served_model=s.served_model,
         **kernels,
     )

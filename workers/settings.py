@@ -25,7 +25,10 @@ from typing import Any
 
 from syshax.shared import env
 from syshax.shared.config import Config, derive_model_name, resolve_threads
-from syshax.shared.config_schema import DEFAULT_CPU_PROMPT_ROWS_WHILE_DECODING
+from syshax.shared.config_schema import (
+    DEFAULT_CPU_PROMPT_ROWS_WHILE_DECODING,
+    DEFAULT_CPU_PROMPT_STRETCH,
+)
 
 # native = our own engine (the model on the worker's device: PyTorch, or the fused native step
 # on a CPU), the config's xpu.engine name; the CLI's --engine takes the same names.
@@ -184,6 +187,7 @@ class WorkerSettings:
     handoff_slots: int  # engine slots beyond them, to prefill for the CPU
     max_num_batched_tokens: int
     prompt_rows_while_decoding: int | None
+    prompt_stretch: float | None
     kv_cache_bytes: int | None
     threads: int
     kernels: Any = None  # CpuKernelOptions of a model engine on the CPU, else None
@@ -249,6 +253,7 @@ class WorkerSettings:
             handoff_slots=handoff,
             max_num_batched_tokens=max(config.max_num_batched_tokens, slots + handoff),
             prompt_rows_while_decoding=prompt_rows_while_decoding(config, device),
+            prompt_stretch=prompt_stretch(config, device),
             kv_cache_bytes=config.kv.cache_mib * 2**20 if config.kv.cache_mib else None,
             threads=threads,
             kernels=_kernels(cls_, device, threads, engine, model),
@@ -381,3 +386,11 @@ def prompt_rows_while_decoding(config: Config, device: str) -> int | None:
     if config.prompt_rows_while_decoding is not None:
         return config.prompt_rows_while_decoding
     return DEFAULT_CPU_PROMPT_ROWS_WHILE_DECODING if device == "cpu" else None
+
+
+def prompt_stretch(config: Config, device: str) -> float | None:
+    """The config's value; null = the time rule on a CPU engine (its prompt rows cost a
+    stream's gap in proportion), none on an accelerator (a flat step: the cap alone)."""
+    if config.prompt_stretch is not None:
+        return config.prompt_stretch
+    return DEFAULT_CPU_PROMPT_STRETCH if device == "cpu" else None

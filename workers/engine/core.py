@@ -33,6 +33,7 @@ from syshax.shared.sampling import SamplingParams
 from .errors import RequestError
 from .kv_identity import KVIdentity
 from .outputs import EngineStats, StepOutput
+from .prompt_budget import typical_line
 from .protocol import SchedulerRequests
 from .scheduler import ScheduledStep, Scheduler
 from .sequence import Sequence
@@ -132,6 +133,8 @@ class EngineCore(SchedulerRequests):
         self.max_model_len = scheduler.max_model_len
         self.stats = EngineStats()
         self.stats.spec = scheduler.spec_counts
+        # The adaptive prompt budget's input: the line through this engine's step times.
+        scheduler.step_model = lambda: typical_line(self.stats.steps.samples)
 
     @property
     def kv_identity(self) -> KVIdentity:

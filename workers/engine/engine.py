@@ -71,6 +71,7 @@ class Engine(EngineCore):
             stop_token_ids=self.eos_token_ids,
             tokenizer=tokenizer,
             prompt_rows_while_decoding=opts.prompt_rows_while_decoding,
+            prompt_stretch=opts.prompt_stretch,
             speculation=opts.speculative,
         )
         super().__init__(runner, scheduler, tokenizer)

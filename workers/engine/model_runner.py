@@ -33,6 +33,7 @@ from .loader import (
     resolve_model_path,
 )
 from .memory import available_bytes, plan_kv_blocks
+from .prompt_budget import PromptBudget
 from .protocol import PortableKV
 from .runner import FusedRunner, TorchRunner
 from .sampler import sample_sequences
@@ -59,7 +60,9 @@ class ModelOptions:
     max_num_seqs). The KV cache is paged in blocks of `block_size` positions;
     `kv_cache_bytes` sizes it (default: see memory.plan_kv_blocks); `prefix_caching` shares
     computed prompt blocks. `prompt_rows_while_decoding`: the most prompt rows a step that
-    also decodes takes (None: the rest of the budget; see the scheduler). `served_model`: the
+    also decodes takes (None: the rest of the budget; see the scheduler); `prompt_stretch`:
+    how much longer than its decodes alone such a step may run (prompt_budget.py; None: the
+    cap alone). `served_model`: the
     name the farm serves this model as (None: derived from the path, as the config does);
     with the weights digest it is the identity every exported KV blob carries and every
     imported one must have (kv_identity.py). `speculative`: speculative decoding's settings
@@ -80,6 +83,7 @@ class ModelOptions:
     block_size: int = DEFAULT_BLOCK_SIZE
     prefix_caching: bool = True
     prompt_rows_while_decoding: int | None = None
+    prompt_stretch: float | None = None
     served_model: str | None = None
     speculative: SpecConfig | None = None
 
@@ -131,6 +135,7 @@ def plan_load(model: str | Path | None, opts: ModelOptions) -> LoadPlan:
         budget = step_budget(
             opts.max_num_seqs, opts.max_num_batched_tokens, opts.prompt_rows_while_decoding
         )
+        PromptBudget(opts.prompt_rows_while_decoding, opts.prompt_stretch)  # checks both
         if opts.speculative is not None:
             opts.speculative.check()
     except ValueError as exc:
