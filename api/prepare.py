@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from anyio import to_thread
-from syshax.broker.schemas import PrefillJob
+from syshax.broker.schemas import PrefillJob, choice_ids
 from syshax.shared.sampling import SamplingError, SamplingParams
 from syshax.shared.tokenizer import ChatTemplateError, Tokenizer, TokenizerError
 
@@ -50,19 +50,18 @@ class Plan:
     def job_ids(self) -> list[str]:
         return job_ids(self.request_id, self.n)
 
-    def jobs(self) -> list[PrefillJob]:
-        now = time.time()
-        return [
-            PrefillJob(
-                request_id=jid,
-                prompt_ids=self.prompt_ids,
-                params=p.to_dict(),
-                model=self.model,
-                created=now,
-                deadline=self.deadline,
-            )
-            for jid, p in zip(self.job_ids(), self.params, strict=True)
-        ]
+    def job(self) -> PrefillJob:
+        """The one prefill job of the request: the prompt and the parameters once, for every
+        choice (a worker forks them; choice i samples with `params[0].for_choice(i)`)."""
+        return PrefillJob(
+            request_id=self.request_id,
+            prompt_ids=self.prompt_ids,
+            params=self.params[0].to_dict(),
+            n=self.n,
+            model=self.model,
+            created=time.time(),
+            deadline=self.deadline,
+        )
 
     def info(self) -> dict[str, Any]:
         """What a resume needs (stored in Redis under keys.request_info)."""
@@ -80,8 +79,9 @@ class Plan:
 
 
 def job_ids(request_id: str, n: int) -> list[str]:
-    """One job per choice: the request id itself for n=1, `<id>-<i>` for n>1."""
-    return [request_id] if n == 1 else [f"{request_id}-{i}" for i in range(n)]
+    """The id of each choice (its tokens, its cancel flag): the request id itself for n=1,
+    `<id>-<i>` for n>1."""
+    return choice_ids(request_id, n)
 
 
 class Preparer:
@@ -232,21 +232,19 @@ class Preparer:
         top_k = body.top_k if body.top_k is not None and body.top_k > 0 else 0
         extra = sampling_kwargs(body, self.tokenizer.vocab_size, top_logprobs)
         try:
-            params = [
-                SamplingParams(
-                    max_tokens=max_tokens,
-                    temperature=1.0 if body.temperature is None else body.temperature,
-                    top_p=1.0 if body.top_p is None else body.top_p,
-                    top_k=top_k,
-                    seed=(seed + i) % 2**63,
-                    stop=list(body.stop or []),
-                    ignore_eos=body.ignore_eos,
-                    logprobs=logprobs,
-                    structured=spec,
-                    **extra,
-                )
-                for i in range(body.n)
-            ]
+            first = SamplingParams(
+                max_tokens=max_tokens,
+                temperature=1.0 if body.temperature is None else body.temperature,
+                top_p=1.0 if body.top_p is None else body.top_p,
+                top_k=top_k,
+                seed=seed,
+                stop=list(body.stop or []),
+                ignore_eos=body.ignore_eos,
+                logprobs=logprobs,
+                structured=spec,
+                **extra,
+            )
+            params = [first.for_choice(i) for i in range(body.n)]
         except SamplingError as exc:
             raise APIError(400, str(exc), param=exc.param, code="invalid_value") from exc
         prefix = "chatcmpl-" if kind == CHAT else "cmpl-"

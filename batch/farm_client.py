@@ -3,10 +3,10 @@
 It does what the gateway does for a non-streaming request, without HTTP: the body is
 validated and tokenized by the code the gateway uses (`syshax.api`: schemas, prepare), so
 a batch request fails exactly as it would over HTTP (same 400/404 bodies); one `PrefillJob`
-per choice is `XADD`ed; then the request's output streams (authoritative and lossless) are
-read with `XREAD BLOCK` until every choice has its finish (or error) event. A request that
-times out, or whose caller gives up, is cancelled like the gateway cancels a disconnected
-client (cancel flag + `PUBLISH`), so no worker keeps generating for nobody.
+(for every choice) is `XADD`ed; then the output streams of its choices (authoritative and
+lossless) are read with `XREAD BLOCK` until every choice has its finish (or error) event. A
+request that times out, or whose caller gives up, is cancelled like the gateway cancels a
+disconnected client (cancel flag + `PUBLISH`), so no worker keeps generating for nobody.
 
 Batch traffic goes to `keys.prefill_batch_stream` (priority >= 1): workers read it only when
 no interactive prefill job waits, so a batch never starves interactive requests.
@@ -129,13 +129,13 @@ class FarmClient:
         return asyncio.run(coro)
 
     def submit(self, plan: Plan, priority: int = 1) -> None:
-        """Queue one prefill job per choice: on the batch stream for priority >= 1 (served only
-        when no interactive job waits), on the interactive stream for priority 0."""
+        """Queue the request's prefill job (all of its choices): on the batch stream for
+        priority >= 1 (served only when no interactive job waits), on the interactive stream for
+        priority 0."""
         stream = self.keys.prefill_batch_stream if priority > 0 else self.keys.prefill_stream
-        jobs = list(plan.jobs())
-        for job in jobs:
-            job.priority = priority
-        farm_io.queue_jobs(self.r, stream, jobs)
+        job = plan.job()
+        job.priority = priority
+        farm_io.queue_jobs(self.r, stream, [job])
 
     def collect(
         self,

@@ -72,7 +72,7 @@ class BrokerClient:
         published before we listen."""
         job.gateway = self.gateway_id
         ready = self._ready
-        if ready is not None and job.request_id in self._routes:
+        if ready is not None and any(cid in self._routes for cid in job.choice_ids()):
             with contextlib.suppress(asyncio.TimeoutError):
                 # The stream covers anything pub/sub misses, so never wait forever.
                 await asyncio.wait_for(ready.wait(), SUBSCRIBE_WAIT)

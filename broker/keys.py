@@ -87,6 +87,17 @@ class Keys:
         any gateway can serve a resume (GET /v1/requests/{id}/stream); expires with the output."""
         return f"{self.prefix}:request:{{{request_id}}}"
 
+    # ---- a request of several choices (n > 1), for its decode workers ----
+    # Farm-tagged, not request-tagged: the handoff's one MULTI writes them with the streams.
+    def request_part(self, request_id: str) -> str:
+        """Its prompt and parameters (schemas.RequestPart), stored once for every choice."""
+        return f"{self.farm}:part:{request_id}"
+
+    def handed_off(self, request_id: str) -> str:
+        """Set of its choice indices whose decode job is queued: a prefill worker that takes
+        the request over (its first one died) serves only the others."""
+        return f"{self.farm}:handed:{request_id}"
+
     # ---- cancellation ----
     @property
     def cancel_channel(self) -> str:

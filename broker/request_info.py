@@ -39,11 +39,15 @@ class RequestInfo:
         return None if now is None else int(now)
 
     async def end(self, request_id: str, ttl: int) -> None:
-        """Mark the request over; its record is kept `ttl` more seconds (as its output)."""
+        """Mark the request over; its record is kept `ttl` more seconds (as its output). The
+        part its choices' decoders read, and their handoff marks (broker/choices.py), are
+        needed no more: deleted now rather than at their expiry."""
         key = self.keys.request_info(request_id)
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.hset(key, "ended", 1)
             pipe.expire(key, max(1, ttl))
+            pipe.delete(self.keys.request_part(request_id))
+            pipe.delete(self.keys.handed_off(request_id))
             await pipe.execute()
 
     async def exists(self, request_id: str) -> bool:

@@ -24,11 +24,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import msgspec
 
 VERSION = 1
+MAX_CHOICES = 128  # most choices one prefill job may ask for (the API allows fewer: api.schemas)
 
 T = TypeVar("T", bound="Message")
 
@@ -114,31 +115,59 @@ class KVHandle(Message):
     expires_at: float = 0.0
 
 
+def choice_ids(request_id: str, n: int) -> list[str]:
+    """The id of each choice of a request: its token channel, output stream, cancel flag, KV
+    owner and engine sequence. The request id itself for n=1, `<id>-<i>` for n>1."""
+    return [request_id] if n == 1 else [f"{request_id}-{i}" for i in range(n)]
+
+
 class PrefillJob(Message):
+    """One API request: its prompt and parameters once, for all of its `n` choices. The worker
+    prefills the prompt once and forks a sequence per choice (choice i samples with seed
+    `seed + i`: SamplingParams.for_choice)."""
+
     request_id: str = ""
     prompt_ids: list[int] = []  # msgspec copies a mutable default for each instance
-    params: dict[str, Any] = {}  # SamplingParams.to_dict()
+    params: dict[str, Any] = {}  # SamplingParams.to_dict() of choice 0
+    n: Annotated[int, msgspec.Meta(ge=1, le=MAX_CHOICES)] = 1
     model: str = ""
     created: float = 0.0
     deadline: float = 0.0  # unix time after which the request is abandoned (request_timeout)
     priority: int = 0  # 0 = interactive, higher = batch (served after interactive work)
     gateway: str = ""  # the submitting gateway's id: its channel gets the tokens ("" = none)
 
+    def choice_ids(self) -> list[str]:
+        return choice_ids(self.request_id, self.n)
+
+
+class RequestPart(Message):
+    """What every choice of a request shares, stored once in Redis (`keys.request_part`) by
+    the prefill worker when it hands off the first choice of a request with n > 1; the decode
+    jobs of its choices name it (`DecodeJob.part_of`) instead of each carrying a copy."""
+
+    prompt_ids: list[int] = []
+    params: dict[str, Any] = {}  # SamplingParams.to_dict() of choice 0
+
 
 class DecodeJob(Message):
     """A sequence handed from the worker that prefilled it to a decode worker of another
-    device class: the request, the tokens so far, and where its KV cache waits."""
+    device class: the request, the tokens so far, and where its KV cache waits.
 
-    request_id: str = ""
+    For a choice of a request with n > 1, `prompt_ids` and `params` are empty and `part_of`
+    names the request whose `RequestPart` holds them (`choice` gives its seed)."""
+
+    request_id: str = ""  # the choice's id (choice_ids)
     prompt_ids: list[int] = []
     output_ids: list[int] = []  # generated so far (at least the first)
-    params: dict[str, Any] = {}  # SamplingParams.to_dict()
+    params: dict[str, Any] = {}  # SamplingParams.to_dict() of this choice
     kv: KVHandle | None = None  # the lease to import; None = recompute from the tokens
     model: str = ""
     created: float = 0.0
     deadline: float = 0.0
     priority: int = 0
     gateway: str = ""
+    part_of: str = ""  # the request whose RequestPart holds prompt and params ("" = here)
+    choice: Annotated[int, msgspec.Meta(ge=0, lt=MAX_CHOICES)] = 0
 
 
 class TokenEvent(Message):

@@ -143,8 +143,7 @@ class Gateway:
         try:
             ttl = int(self.settings.request_timeout + self.settings.output_ttl)
             await self.broker.requests.save(plan.request_id, plan.info(), ttl)
-            for job in plan.jobs():
-                await self.broker.submit(job)
+            await self.broker.submit(plan.job())
         except BaseException:
             gen.close()
             raise

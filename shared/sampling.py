@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import secrets
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit for chat
@@ -89,6 +89,13 @@ class SamplingParams:
             self.stop = [self.stop]
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise SamplingError("stop", "stop must be a non-empty string or a list of them")
+
+    def for_choice(self, index: int) -> SamplingParams:
+        """Choice `index` of a request with these (choice 0's) parameters: its own seed, so
+        the choices of a sampled request differ and each is reproducible on any worker."""
+        if index == 0:
+            return self
+        return replace(self, seed=(self.seed + index) % 2**63)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

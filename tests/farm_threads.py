@@ -21,6 +21,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import openai
 import redis
 import uvicorn
@@ -88,15 +89,26 @@ class EchoWorker:
                         job = PrefillJob.unpack(fields[b"j"])
                     except SchemaError:
                         job = None  # a real worker dead-letters it; we drop it
-                    if job is not None:
-                        self.outputs[job.request_id] = Output(job)
-                        t = threading.Thread(target=self._run, args=(job,), daemon=True)
+                    for choice in self._choices(job):
+                        self.outputs[choice.request_id] = Output(choice)
+                        t = threading.Thread(target=self._run, args=(choice,), daemon=True)
                         self._threads.append(t)
                         t.start()
                     pipe = self.r.pipeline()
                     pipe.xack(stream, group, entry_id)
                     pipe.xdel(stream, entry_id)
                     pipe.execute()
+
+    @staticmethod
+    def _choices(job: PrefillJob | None) -> list[PrefillJob]:
+        """The job of each choice of a request (as a worker forks them): its id and seed."""
+        if job is None:
+            return []
+        params = SamplingParams.from_dict(job.params)
+        return [
+            msgspec.structs.replace(job, request_id=cid, n=1, params=params.for_choice(i).to_dict())
+            for i, cid in enumerate(job.choice_ids())
+        ]
 
     def _send(self, event: TokenEvent) -> None:
         self.outputs[event.request_id].events.append(event)

@@ -96,6 +96,22 @@ def test_pd_request_equals_single_worker_greedy_run(farm, reference):
     )
 
 
+def test_greedy_choices_of_one_prefill_job_all_equal_the_single_run(farm, reference):
+    """n=3 is one prefill job: the prompt prefilled once, three sequences forked from it (two
+    through the prefix cache), each handed off to the decoder with the prompt and parameters
+    stored once: every choice is the one greedy answer."""
+    expected_text, expected_ids = reference(MESSAGES, 12)
+    resp = farm.client(timeout=120).chat.completions.create(
+        model=MODEL, messages=MESSAGES, max_tokens=12, temperature=0, n=3
+    )
+    assert [c.message.content for c in resp.choices] == [expected_text] * 3
+    assert resp.usage.completion_tokens == 3 * len(expected_ids)
+    for i in range(3):
+        evs = farm.events(f"{resp.id}-{i}")
+        assert [e.seq for e in evs] == list(range(len(expected_ids))), "every token once"
+        assert evs[0].worker == "xpu" and {e.worker for e in evs[1:]} == {"cpu"}
+
+
 def test_first_token_arrives_before_the_decode_worker_takes_the_job(farm, reference):
     expected_text, _ = reference(MESSAGES, 16)
     farm.procs["cpu"].send_signal(signal.SIGSTOP)  # the decode worker cannot take anything now

@@ -17,10 +17,11 @@ import logging
 import time
 
 import redis
+from syshax.broker import choices
 from syshax.broker.dispatcher import Decision, Dispatcher
 from syshax.broker.keys import Keys
 from syshax.broker.kv_store import KVStore
-from syshax.broker.schemas import DecodeJob
+from syshax.broker.schemas import DecodeJob, RequestPart
 from syshax.broker.worker_io import Entry, WorkQueues, record_dispatch
 
 from .engine.errors import EngineError
@@ -109,20 +110,45 @@ class Handoff:
             store = self._store_for(readers)
             kv = self.kv.put(blob, engine.describe_kv(blob), rid, store)
         msg = job.msg
+        shared = msg.n > 1  # the prompt and parameters go to Redis once, not once per choice
         decode = DecodeJob(
             request_id=rid,
-            prompt_ids=msg.prompt_ids,
+            prompt_ids=[] if shared else msg.prompt_ids,
             output_ids=output_ids,
-            params=msg.params,
+            params={} if shared else msg.params,
             kv=kv,
             model=msg.model,
             created=msg.created,
             deadline=msg.deadline,
             priority=msg.priority,
             gateway=msg.gateway,
+            part_of=msg.request_id if shared else "",
+            choice=job.choice,
         )
-        # One MULTI: the decode job exists if and only if the prefill entry is acked.
-        self.streams.work.hand_over(job.entry, self.keys.decode_stream(device_class), decode.pack())
+        self._hand_over(job, self.keys.decode_stream(device_class), decode.pack())
+
+    def _hand_over(self, job: Job, stream: str, data: bytes) -> None:
+        """Queue the decode job and let go of the prefill entry. One MULTI: for a request with
+        one choice the decode job exists if and only if the prefill entry is acked; for a
+        choice of several, if and only if the choice is marked handed off (and the entry is
+        acked with the last choice held here), so whoever takes the entry over after a crash
+        serves only the choices not handed off."""
+        claim, rid, msg = job.claim, job.request_id, job.msg
+        if msg.n == 1:
+            self.streams.work.hand_over(claim.entry, stream, data)
+        else:
+            part = (
+                None
+                if claim.part_stored
+                else RequestPart(prompt_ids=msg.prompt_ids, params=msg.params)
+            )
+            choices.hand_over_choice(
+                self.streams.work, stream, data,
+                request_id=msg.request_id, choice=job.choice, ttl=choices.part_ttl(msg.deadline),
+                part=part, last=claim.entry if claim.is_last(rid) else None,
+            )  # fmt: skip
+            claim.part_stored = True
+        claim.let_go(rid)
 
     def _store_for(self, device_classes: set[str]) -> str:
         if self.opts.kv_store != "auto":

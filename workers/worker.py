@@ -27,21 +27,16 @@ import redis
 from syshax.broker.dispatcher import Dispatcher
 from syshax.broker.keys import KEYS, Keys
 from syshax.broker.kv_store import KVStore, KVStoreError
-from syshax.broker.schemas import (
-    DecodeJob,
-    PrefillJob,
-    SchemaError,
-    TokenEvent,
-    check_types,
-)
+from syshax.broker.schemas import TokenEvent
 from syshax.broker.worker_io import CancelWatcher, Entry, Heartbeat, TokenPublisher
-from syshax.shared.sampling import SamplingError, SamplingParams
 
 from .engine.errors import KVIdentityError
 from .engine.outputs import StepOutput, TokenCadence
 from .engine.protocol import EngineProtocol
 from .farm_view import FarmView
+from .forks import Forks
 from .handoff import Handoff
+from .intake import Intake
 from .metrics import WorkerMetrics
 from .streams import Streams
 from .upkeep import Upkeep, step_fields
@@ -74,6 +69,7 @@ class Worker:
         self.kv = KVStore(r, keys, ttl=opts.kv_ttl, worker_id=opts.worker_id)
         self.jobs: dict[str, Job] = {}
         self.backlog: deque[Job] = deque()  # decode jobs waiting for a free slot
+        self.forks = Forks()  # choices waiting for their request's prompt to be computed
         self.draining = False
         self._last_poll = 0.0
         self.cadence = TokenCadence()
@@ -86,6 +82,16 @@ class Worker:
         )
         self.upkeep = Upkeep(
             self, engine, opts, streams=streams, heartbeat=hb, kv=kv, farm=farm, metrics=m
+        )
+        self.intake = Intake(
+            r,
+            keys,
+            streams.work,
+            self.publisher,
+            self.cancels,
+            kv,
+            opts.served_model,
+            opts.worker_id,
         )
 
     # ---- the loop -----------------------------------------------------------------------
@@ -114,6 +120,8 @@ class Worker:
         if not self.draining:
             for entry in self._take(self.free_slots(), idle):
                 self.accept(entry)
+        for job in self.forks.ready(self.jobs):
+            self._start_prefill(job)
         self._start_backlog()
         self._expire()
 
@@ -148,7 +156,7 @@ class Worker:
     def slots_held(self) -> int:
         """Sequences running or waiting here (the heartbeat's running + waiting)."""
         e = self.engine
-        return e.num_running + e.num_waiting + len(self.backlog)
+        return e.num_running + e.num_waiting + len(self.backlog) + len(self.forks)
 
     def load_fields(self) -> dict:
         e = self.engine
@@ -162,6 +170,9 @@ class Worker:
             "kv_blocks_held": e.kv_blocks[1] - e.kv_blocks[0],
             "kv_blocks": e.kv_blocks[1],
             "decode_tps": round(e.stats.recent_decode_tps, 2),
+            # Speculative decoding so far (0 when off): drafts accepted, tokens per decode step.
+            "spec_acceptance": round(e.stats.spec.acceptance_rate, 3),
+            "spec_tokens_per_step": round(e.stats.spec.tokens_per_step, 2),
             **step_fields(e.stats, self.cadence),
             "model": self.opts.served_model,
             "draining": int(self.draining),
@@ -174,59 +185,42 @@ class Worker:
     # ---- taking work --------------------------------------------------------------------
 
     def accept(self, entry: Entry) -> None:
+        """Take an entry: a decode job into the backlog; the open choices of a prefill job
+        into the engine, the first at once and the others once its prompt is computed (they
+        then share its KV blocks through the prefix cache instead of computing it again)."""
         if entry.data is None:
             self.streams.work.ack(entry)
             return
         is_prefill = entry.stream in (self.keys.prefill_stream, self.keys.prefill_batch_stream)
-        try:
-            if not entry.data:
-                raise SchemaError("the entry has no job field 'j'")
-            msg = (PrefillJob if is_prefill else DecodeJob).unpack(entry.data)
-            params = SamplingParams.from_dict(msg.params)
-            check_types(params)  # a float seed or str stop id would fail a whole engine step
-            kv = None if is_prefill else msg.kv  # a KVHandle, checked with the job
-        except (SchemaError, SamplingError, TypeError) as exc:
-            self.streams.work.dead_letter(entry, f"undecodable job: {exc}")
+        taken = self.intake.take(entry, is_prefill)
+        jobs = []
+        for job in taken.jobs:
+            if job.request_id in self.jobs:  # a duplicate delivery of a choice running here
+                self._let_go(job)
+            else:
+                jobs.append(job)
+        if taken.refusal:
+            for job in jobs:
+                self._fail(job, taken.refusal, "server_error", dead_letter=taken.dead_letter)
             return
-        rid = msg.request_id
-        if self.cancels.is_cancelled(rid) or (msg.deadline and time.time() > msg.deadline):
-            if kv:
-                self.kv.free(kv.handle_id)
-            self.streams.work.ack(entry)
+        for job in jobs:
+            self.jobs[job.request_id] = job
+        if not jobs:
             return
-        job = Job(entry, "prefill" if is_prefill else "decode", msg, params)
         if not is_prefill:
-            job.output_ids = list(msg.output_ids)
-        if entry.reclaimed:
-            delivered = self.publisher.delivered(rid)
-            if delivered and (delivered[-1].finish_reason or delivered[-1].error):
-                if kv:
-                    self.kv.free(kv.handle_id)
-                self.streams.work.ack(entry)  # finished before its worker died: nothing to do
-                return
-            job.output_ids = [ev.token_id for ev in delivered]
-        if rid in self.jobs:  # a duplicate delivery of a request already running here
-            self.streams.work.ack(entry)
+            jobs[0].in_process = True  # decode jobs are never handed off again
+            self.backlog.append(jobs[0])
             return
-        served = self.opts.served_model
-        # A job of another model would be answered by this one's weights: refused, never run.
-        # (A job naming no model was queued by hand, not by a gateway: taken as ours.)
-        if served and msg.model and msg.model != served:
-            if kv:
-                self.kv.free(kv.handle_id)
-            reason = f"job for model {msg.model!r}; worker {self.opts.worker_id} serves {served!r}"
-            self._fail(job, reason, "server_error", dead_letter=True)
-            return
-        self.jobs[rid] = job
-        if is_prefill and not job.output_ids:
-            self._guard(job, lambda: self.engine.add_request(rid, msg.prompt_ids, params))
-        elif is_prefill:
-            self._guard(
-                job, lambda: self.engine.resume_request(rid, msg.prompt_ids, job.output_ids, params)
-            )
+        self._start_prefill(jobs[0])
+        self.forks.wait(jobs[0].request_id, jobs[1:])
+
+    def _start_prefill(self, job: Job) -> None:
+        rid, prompt_ids, params = job.request_id, job.msg.prompt_ids, job.params
+        if job.output_ids:  # taken over after it delivered tokens: recomputed with them
+            outs = job.output_ids
+            self._guard(job, lambda: self.engine.resume_request(rid, prompt_ids, outs, params))
         else:
-            job.in_process = True  # decode jobs are never handed off again
-            self.backlog.append(job)
+            self._guard(job, lambda: self.engine.add_request(rid, prompt_ids, params))
 
     def _start_backlog(self) -> None:
         e = self.engine
@@ -336,7 +330,17 @@ class Worker:
 
     def _done(self, job: Job) -> None:
         self.jobs.pop(job.request_id, None)
-        self.streams.work.ack(job.entry)
+        self._let_go(job)
+
+    def _let_go(self, job: Job) -> None:
+        """`job` is done with its entry: acked (or dead-lettered) when no other job of it is
+        held here (the other choices of a prefill job)."""
+        claim = job.claim
+        if claim.let_go(job.request_id):
+            if claim.dead_reason:
+                self.streams.work.dead_letter(claim.entry, claim.dead_reason)  # acks it too
+            else:
+                self.streams.work.ack(claim.entry)
 
     def _fail(self, job: Job, message: str, kind: str, dead_letter: bool = False) -> None:
         """End a request with an error event; `dead_letter`: its job is moved to the dead
@@ -353,11 +357,10 @@ class Worker:
         if job in self.backlog:
             self.backlog.remove(job)
             self._free_lease(job)
+        self.forks.discard(job)
         if dead_letter:
-            self.jobs.pop(rid, None)
-            self.streams.work.dead_letter(job.entry, message)  # acks it too
-        else:
-            self._done(job)
+            job.claim.dead_reason = message
+        self._done(job)
 
     def _free_lease(self, job: Job) -> None:
         """Free the KV lease of a decode job that never started (started ones took it)."""
@@ -372,6 +375,7 @@ class Worker:
                 if job in self.backlog:
                     self.backlog.remove(job)
                     self._free_lease(job)
+                self.forks.discard(job)
                 self._done(job)
             self.kv.free_request(rid)
 
@@ -387,10 +391,15 @@ class Worker:
         end = time.monotonic() + timeout
         while (self.jobs or self.engine.has_unfinished()) and time.monotonic() < end:
             self.iterate()
+        requeued: set[str] = set()
         for job in list(self.jobs.values()):
-            # Requeue unchanged: whoever takes it resumes from the delivered tokens.
+            # Requeue unchanged (once per entry: the choices of a prefill job share it):
+            # whoever takes it skips the choices handed off and restarts the others.
             self.engine.abort(job.request_id)
-            self.streams.work.requeue(job.entry)
+            if job.entry.entry_id not in requeued:
+                requeued.add(job.entry.entry_id)
+                self.streams.work.requeue(job.entry)
             self.jobs.pop(job.request_id, None)
+        self.forks.clear()
         self.upkeep.stop()
         self.cancels.close()

@@ -11,17 +11,40 @@ from syshax.shared.sampling import SamplingParams
 
 
 @dataclass
-class Job:
+class Claim:
+    """A stream entry held by the jobs made from it (the choices of a prefill job, or the one
+    decode job): acked (or dead-lettered) when the last of them lets go of it."""
+
     entry: Entry
+    holders: set[str]  # the ids of the jobs still holding it
+    part_stored: bool = False  # the request's part is in Redis (stored by a handoff of ours)
+    dead_reason: str = ""  # a job asked for the entry to go to the dead letters
+
+    def let_go(self, request_id: str) -> bool:
+        """Release one job's hold; True when it was the last (the entry is now to be acked)."""
+        if request_id not in self.holders:
+            return False
+        self.holders.discard(request_id)
+        return not self.holders
+
+    def is_last(self, request_id: str) -> bool:
+        return self.holders == {request_id}
+
+
+@dataclass
+class Job:
+    claim: Claim
     kind: str  # "prefill" | "decode"
-    msg: Any  # PrefillJob | DecodeJob
-    params: SamplingParams
+    msg: Any  # PrefillJob | DecodeJob (a decode job with its request's part filled in)
+    params: SamplingParams  # this choice's
+    request_id: str  # this choice's id (schemas.choice_ids): its engine sequence, its tokens
+    choice: int = 0
     output_ids: list[int] = field(default_factory=list)  # delivered before this worker took it
     in_process: bool = False  # prefilled here and decoding here: no handoff
 
     @property
-    def request_id(self) -> str:
-        return self.msg.request_id
+    def entry(self) -> Entry:
+        return self.claim.entry
 
 
 @dataclass
