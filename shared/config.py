@@ -14,7 +14,6 @@ import copy
 import functools
 import logging
 import os
-import re
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -42,8 +41,8 @@ from .config_schema import (
     SloConfig,
     XpuConfig,
     canonical_key,
+    derive_model_name,
 )
-from .default_model import DEFAULT_MODEL_FILE
 
 __all__ = [
     "DTYPES",
@@ -62,6 +61,7 @@ __all__ = [
     "QueueConfig",
     "RedisConfig",
     "SloConfig",
+    "config_from_dict",
     "config_keys",
     "default_config_path",
     "derive_model_name",
@@ -83,6 +83,15 @@ logger = logging.getLogger(__name__)
 
 REDIS_SCHEMES = ("redis", "rediss", "unix")
 _WILDCARD_HOSTS = ("0.0.0.0", "::", "")
+
+
+def config_from_dict(data: dict[str, Any]) -> Config:
+    """A Config from a nested dict (as YAML gives); missing keys keep their defaults. Raises
+    ConfigError listing every unknown key and bad value."""
+    cfg, problems = check(data)
+    if problems:
+        raise ConfigError("\n".join(f"{k}: {m}" for k, m in problems), problems)
+    return cfg
 
 
 def config_keys() -> list[str]:
@@ -304,17 +313,6 @@ def save_config(cfg: Config, path: str | Path) -> None:
 
 
 # ---- whole-config checks ----
-
-_QUANT_SUFFIX = re.compile(r"[.-](?:I?Q\d\w*|BF16|F16|F32|FP16|FP32)$", re.IGNORECASE)
-
-
-def derive_model_name(model: str) -> str:
-    """The /v1/models id for a model setting: folder name, or .gguf file stem without its
-    quantization suffix ("default" -> SmolLM2-135M-Instruct)."""
-    p = Path(DEFAULT_MODEL_FILE if model == "default" else model.rstrip("/\\") or model)
-    if p.suffix.lower() == ".gguf":
-        return _QUANT_SUFFIX.sub("", p.stem)
-    return p.name
 
 
 def redact_url(url: str) -> str:

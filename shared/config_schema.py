@@ -17,11 +17,14 @@ Assigning an attribute (`cfg.xpu.port = 0`) is not checked; `config.validate` re
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from pydantic.fields import FieldInfo
+
+from .default_model import DEFAULT_MODEL_FILE, default_model_path
 
 
 class ConfigError(ValueError):
@@ -378,22 +381,9 @@ class Config(_Section):
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(warnings=False)
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Config:
-        """A Config from a nested dict (as YAML gives); missing keys keep their defaults.
-        Raises ConfigError listing every unknown key and bad value."""
-        from .config_check import check  # the checks (config_check imports this module)
-
-        cfg, problems = check(data)
-        if problems:
-            raise ConfigError("\n".join(f"{k}: {m}" for k, m in problems), problems)
-        return cfg
-
     @property
     def model_id(self) -> str:
         """The id in /v1/models: served_model_name, else derived from `model`."""
-        from .config import derive_model_name  # the one derivation (config imports this module)
-
         return self.served_model_name or derive_model_name(self.model)
 
     @property
@@ -404,10 +394,20 @@ class Config(_Section):
     def model_path(self) -> Path:
         """The model file or folder; raises FileNotFoundError for a missing default model."""
         if self.model == "default":
-            from .default_model import default_model_path
-
             return default_model_path()
         return Path(self.model).expanduser()
+
+
+_QUANT_SUFFIX = re.compile(r"[.-](?:I?Q\d\w*|BF16|F16|F32|FP16|FP32)$", re.IGNORECASE)
+
+
+def derive_model_name(model: str) -> str:
+    """The /v1/models id for a model setting: folder name, or .gguf file stem without its
+    quantization suffix ("default" -> SmolLM2-135M-Instruct)."""
+    p = Path(DEFAULT_MODEL_FILE if model == "default" else model.rstrip("/\\") or model)
+    if p.suffix.lower() == ".gguf":
+        return _QUANT_SUFFIX.sub("", p.stem)
+    return p.name
 
 
 # ---- the seed's section names ----

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from syshax.shared.config import Config
+from syshax.shared.config import config_from_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -34,7 +34,7 @@ def test_services_healthchecks_and_gpu_reservation():
 
 
 def test_mounted_config_is_valid():
-    cfg = Config.from_dict(yaml.safe_load((ROOT / "deploy" / "config.yaml").read_text()))
+    cfg = config_from_dict(yaml.safe_load((ROOT / "deploy" / "config.yaml").read_text()))
     assert cfg.redis.url == "redis://redis:6379/0" and cfg.gateway.port == 8010
 
 
