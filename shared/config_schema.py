@@ -21,7 +21,7 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 from pydantic.fields import FieldInfo
 
 from .default_model import DEFAULT_MODEL_FILE, default_model_path
@@ -59,6 +59,7 @@ XpuEngine = Literal["native", "emulated", "vllm"]
 VllmDType = Literal["auto", "bfloat16", "float16", "float32"]
 # Where decodes run: auto = the dispatcher decides per request; xpu / cpu force a class.
 DecodeDevice = Literal["auto", "xpu", "cpu"]
+SpecMethod = Literal["none", "ngram", "draft"]
 
 
 def _pattern(regex: str, hint: str) -> dict[str, Any]:
@@ -283,6 +284,32 @@ class KVConfig(_Section):
     )
 
 
+class SpeculativeConfig(_Section):
+    """speculative decoding on the farm's own engine (CPU fused path and PyTorch path)"""
+
+    method: Annotated[SpecMethod, BeforeValidator(_text)] = Field(
+        "none",
+        description="none | ngram | draft; ngram = each decoding stream proposes the tokens that followed the latest earlier occurrence of its last 2-4 tokens (prompt lookup, no extra model) and one step verifies them: greedy text unchanged, sampling keeps its distribution; pays on input-grounded work (repeat, rewrite, fix, extract, edit code) at 1-8 streams; draft (a small draft model) is not built yet and is refused",
+    )
+    num_tokens: int = Field(
+        5,
+        ge=1,
+        le=15,
+        description="most tokens a stream proposes per step (each stream's k adapts to its acceptance rate; speculation stops while a step's decode rows would pass 16, one tile of the fused step)",
+    )
+    draft_model: Text | None = Field(
+        None,
+        description="the draft model for method draft (not built yet: refused)",
+    )
+
+    @field_validator("method")
+    @classmethod
+    def _built(cls, value: str) -> str:
+        if value == "draft":
+            raise ValueError("draft-model speculation is not built yet; use ngram or none")
+        return value
+
+
 class OutputConfig(_Section):
     """per-request token output"""
 
@@ -373,6 +400,7 @@ class Config(_Section):
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     kv: KVConfig = Field(default_factory=KVConfig)
     output: OutputConfig = Field(default_factory=OutputConfig)
+    speculative: SpeculativeConfig = Field(default_factory=SpeculativeConfig)
     api_keys: list[Text] = Field(
         default_factory=list,
         description="Bearer keys the gateway accepts; empty = no authentication",

@@ -44,6 +44,7 @@ def _native(s: WorkerSettings) -> EngineProtocol:
         prompt_rows_while_decoding=s.prompt_rows_while_decoding,
         prompt_stretch=s.prompt_stretch,
         served_model=s.served_model,
+        speculative=s.speculative,
         **kernels,
     )
     return Engine(s.model, options)

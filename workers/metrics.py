@@ -45,6 +45,14 @@ class WorkerMetrics:
         self.decode_tps = gauge(
             "decode_tokens_per_second", "measured decode speed over the last steps"
         )
+        self.spec_acceptance = gauge(
+            "spec_acceptance_rate",
+            "share of speculatively proposed tokens the model accepted, since start (0: none)",
+        )
+        self.spec_tokens_per_step = gauge(
+            "spec_tokens_per_step",
+            "tokens a decoding sequence got per engine step, since start (1 without speculation)",
+        )
         self.prompt_tokens = counter("prompt_tokens", "prompt tokens prefilled")
         self.generation_tokens = counter("generation_tokens", "tokens generated")
         self.kv_exports = counter("kv_exports", "KV caches handed off to another worker")

@@ -193,6 +193,7 @@ class WorkerSettings:
     kernels: Any = None  # CpuKernelOptions of a model engine on the CPU, else None
     profile: Any = None  # AcceleratorProfile of the emulated engine, else None
     vllm: Any = None  # VllmArgs of the vLLM engine, else None
+    speculative: Any = None  # SpecConfig of the native engine when the config asks, else None
     step_delay: float = 0.0
     priority: Priority | None = None
     worker_id: str = ""
@@ -259,6 +260,7 @@ class WorkerSettings:
             kernels=_kernels(cls_, device, threads, engine, model),
             profile=profile,
             vllm=vllm,
+            speculative=speculative(config, engine),
             step_delay=o.step_delay,
             priority=Priority(config.cpu.sched_idle, config.cpu.nice) if cls_ == "cpu" else None,
             worker_id=o.worker_id
@@ -377,6 +379,17 @@ def handoff_slots(config: Config, engine: str, cls: str, device: str, roles: fro
     accelerator = engine in ACCELERATORS or device != "cpu"
     offloads = config.auto_pd_offload and config.decode_device == "auto"
     return int(cls == "xpu" and accelerator and offloads and roles >= ROLES)
+
+
+def speculative(config: Config, engine: str) -> Any:
+    """The native engine's speculative decoding (a SpecConfig), None when off or another
+    engine runs (vLLM has its own; the stand-ins compute nothing to verify)."""
+    section = config.speculative
+    if engine != "native" or section.method == "none":
+        return None
+    from .engine.speculative import SpecConfig
+
+    return SpecConfig(method=section.method, num_tokens=section.num_tokens).check()
 
 
 def prompt_rows_while_decoding(config: Config, device: str) -> int | None:

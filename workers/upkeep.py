@@ -133,6 +133,8 @@ class Upkeep:
         m.capacity.set(fields["capacity"])
         m.kv_usage.set(fields["kv_blocks_held"] / max(fields["kv_blocks"], 1))
         m.decode_tps.set(fields["decode_tps"])
+        m.spec_acceptance.set(fields["spec_acceptance"])
+        m.spec_tokens_per_step.set(fields["spec_tokens_per_step"])
         m.prompt_tokens.inc(stats.prompt_tokens - self.prompt_tokens_seen)
         self.prompt_tokens_seen = stats.prompt_tokens
 

@@ -75,6 +75,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="CPU threads (default: $OMP_NUM_THREADS, else torch's default)",
     )
+    p.add_argument(
+        "--speculative",
+        choices=("none", "ngram"),
+        default="none",
+        help="speculative decoding: ngram proposes the tokens that followed the latest earlier "
+        "occurrence of the last 2-4 tokens (prompt lookup) and verifies them in one step; the "
+        "greedy text is unchanged, faster when the answer copies from the prompt "
+        "(default: %(default)s)",
+    )
+    p.add_argument(
+        "--num-speculative-tokens",
+        type=int,
+        default=5,
+        help="most tokens proposed per step with --speculative (default: %(default)s)",
+    )
     p.add_argument("--no-progress", action="store_true", help="hide the model-loading progress bar")
 
 
@@ -83,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
     from syshax.shared.sampling import SamplingError, SamplingParams
     from syshax.workers.engine.engine import Engine, freeze_loaded_heap
     from syshax.workers.engine.errors import EngineError
+    from syshax.workers.engine.speculative import SpecConfig
 
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     try:
@@ -117,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
             quantize=quantize,
             op_mode=op_mode,
             nrc=env.nrc(),
+            speculative=SpecConfig(args.speculative, args.num_speculative_tokens),
         )
         freeze_loaded_heap()
         tok = engine.tokenizer
@@ -143,4 +160,10 @@ def run(args: argparse.Namespace) -> int:
             f"{s.decode_seconds * 1000:.1f} ms, {s.decode_tps:.1f} tok/s",
             file=sys.stderr,
         )
+        if s.spec.proposed:
+            print(
+                f"speculative: {s.spec.accepted}/{s.spec.proposed} proposed tokens accepted "
+                f"({s.spec.acceptance_rate:.0%}), {s.spec.tokens_per_step:.2f} tokens per step",
+                file=sys.stderr,
+            )
     return 0

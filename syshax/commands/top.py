@@ -40,7 +40,8 @@ def render(snap: dict):
     from rich.text import Text
 
     workers = Table(title="workers", expand=True)
-    for col in ("id", "class", "device", "roles", "running/capacity", "waiting", "decode tok/s"):
+    cols = ("id", "class", "device", "roles", "running/capacity", "waiting", "decode tok/s", "spec accept", "tok/step")  # fmt: skip
+    for col in cols:
         workers.add_column(col)
     for w in snap["workers"]:
         workers.add_row(
@@ -51,6 +52,8 @@ def render(snap: dict):
             f"{w.get('running', 0)}/{w.get('capacity', 0)}",
             w.get("waiting", "0"),
             w.get("decode_tps", "0"),
+            _spec(w),
+            w.get("spec_tokens_per_step", "-"),
         )
     queues = Table(title="queues (waiting / in flight)", expand=True)
     for col in snap["queues"]:
@@ -69,6 +72,15 @@ def render(snap: dict):
             stamp = time.strftime("%H:%M:%S", time.localtime(float(stamp)))
         recent.add_row(Text(f"{stamp} {rest}"))  # plain text: "[slo]" is no markup tag
     return Group(workers, queues, recent)
+
+
+def _spec(w: dict) -> str:
+    """A worker's speculative acceptance as a percentage; "-" when it never speculated."""
+    try:
+        rate = float(w.get("spec_acceptance", 0))
+    except ValueError:
+        return "?"
+    return f"{rate:.0%}" if rate else "-"
 
 
 def run(args: argparse.Namespace) -> int:

@@ -165,3 +165,18 @@ def test_without_speculation_nothing_changes():
     _prefill(s, "a")
     step = s.schedule()
     assert step.chunks[0].length == 1 and not step.chunks[0].draft
+
+
+def test_the_config_turns_it_on_for_the_native_engine_only():
+    from syshax.shared.config import Config, ConfigError, config_from_dict
+    from syshax.workers.settings import WorkerOverrides, WorkerSettings
+
+    cfg = config_from_dict({"speculative": {"method": "ngram", "num_tokens": 3}})
+    cpu = WorkerOverrides(roles="decode", device="cpu", device_class="cpu")
+    spec = WorkerSettings.from_config(cfg, cpu).speculative
+    assert spec == SpecConfig(method="ngram", num_tokens=3)
+    echo = WorkerOverrides(roles="decode", device="cpu", device_class="cpu", engine="echo")
+    assert WorkerSettings.from_config(cfg, echo).speculative is None
+    assert WorkerSettings.from_config(Config(), cpu).speculative is None
+    with pytest.raises(ConfigError, match="not built yet"):
+        config_from_dict({"speculative": {"method": "draft"}})
