@@ -31,11 +31,7 @@ import contextlib
 import difflib
 import glob
 import json
-import os
 import random
-import signal
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -46,14 +42,15 @@ from typing import Any
 import httpx
 import openai
 import redis
-from syshax.broker.embedded import EmbeddedRedis, free_port
 from syshax.broker.keys import DEVICE_CLASSES, KEYS
 from syshax.broker.kv_store import KVStore
 from syshax.broker.schemas import TokenEvent
-from syshax.shared.config import Config, save_config
+from syshax.shared.config import Config
 from syshax.shared.default_model import default_model_path
 from syshax.shared.sampling import SamplingParams
 from syshax.shared.tokenizer import Tokenizer
+
+from syshax.local_farm import LocalFarm
 
 WORDS = ["river", "stone", "garden", "light", "music", "paper", "water", "city", "house"]
 WORDS += ["green", "window", "table"]
@@ -91,29 +88,20 @@ def expected_chunks(engine, tok: Tokenizer, i: int, max_tokens: int) -> list[str
     return out
 
 
-class Farm:
+class Farm(LocalFarm):
+    """The farm under attack, started by the farm starter the tests use: a gateway, prefill
+    and decode workers; killed workers are replaced at once."""
+
     def __init__(self, args: argparse.Namespace, tmp: Path) -> None:
-        self.args, self.tmp = args, tmp
-        self.redis = EmbeddedRedis().start()
-        self.r = redis.Redis.from_url(self.redis.url)
         cfg = Config()
-        cfg.redis.url, cfg.max_model_len = self.redis.url, 1024
+        cfg.max_model_len = 1024
         cfg.cpu_max_batch_size = cfg.xpu.max_batch_size = args.slots
         if args.model:
             cfg.model = str(args.model)
-        self.config = tmp / "config.yaml"
-        save_config(cfg, self.config)
-        self.port = free_port()
-        self.procs: dict[str, subprocess.Popen] = {}
-        self.serial = 0
+        super().__init__(tmp, cfg)
+        self.args = args
         self.lock = threading.Lock()
         self.shm_before = set(glob.glob("/dev/shm/syshax-kv-*"))
-
-    def spawn(self, name: str, argv: list[str]) -> None:
-        with open(self.tmp / f"{name}.log", "ab") as log:
-            cmd = [sys.executable, "-m", "syshax.cli", *argv, "--config", str(self.config)]
-            env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-            self.procs[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
 
     def worker(self, role: str) -> str:
         with self.lock:
@@ -121,26 +109,19 @@ class Farm:
             name = f"{role}-{self.serial}"
         a = self.args
         cls, delay = ("xpu", a.prefill_delay) if role == "prefill" else ("cpu", a.step_delay)
-        argv = [
-            "worker",
-            "--engine",
-            a.engine,
-            "--roles",
-            role,
-            "--device-class",
-            cls,
-            "--id",
+        echo = a.engine == "echo"
+        return self.start_worker(
             name,
-        ]
-        argv += ["--redis-url", self.redis.url]
-        argv += ["--step-delay", str(delay)] if a.engine == "echo" else ["--threads", "1"]
-        argv += ["--heartbeat-ttl", str(a.heartbeat_ttl)]
-        self.spawn(name, argv)
-        return name
+            role,
+            cls,
+            a.engine,
+            step_delay=delay if echo else None,
+            heartbeat_ttl=a.heartbeat_ttl,
+            args=() if echo else ("--threads", "1"),
+        )
 
     def start(self) -> None:
-        argv = ["gateway", "--port", str(self.port), "--redis-url", self.redis.url]
-        self.spawn("gateway", argv + ["--log-level", "warning"])
+        self.start_gateway()
         for _ in range(self.args.prefill_workers):
             self.worker("prefill")
         for _ in range(self.args.decode_workers):
@@ -148,7 +129,7 @@ class Farm:
         end = time.monotonic() + 120
         while time.monotonic() < end:
             with contextlib.suppress(httpx.HTTPError):
-                health = httpx.get(f"http://127.0.0.1:{self.port}/health", timeout=2).json()
+                health = httpx.get(f"{self.url()}/health", timeout=2).json()
                 w = health.get("workers", {})
                 if (
                     w.get("prefill") == self.args.prefill_workers
@@ -156,11 +137,11 @@ class Farm:
                 ):
                     return
             time.sleep(0.2)
-        raise SystemExit("the farm did not become healthy (logs in " + str(self.tmp) + ")")
+        raise SystemExit("the farm did not become healthy (logs in " + str(self.logdir) + ")")
 
     def kill_busy(self, rng: random.Random, roles: tuple[str, ...]) -> str | None:
         busy = []
-        for name in list(self.procs):
+        for name in self.worker_names():
             role = name.split("-")[0]
             h = self.r.hgetall(KEYS.worker(name))
             if role in roles and h and int(h.get(b"running", 0)) + int(h.get(b"waiting", 0)):
@@ -168,9 +149,7 @@ class Farm:
         if not busy:
             return None
         name = rng.choice(sorted(busy))
-        proc = self.procs.pop(name)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
+        self.kill(name)
         self.worker(name.split("-")[0])  # the replacement, at once
         return name
 
@@ -193,16 +172,6 @@ class Farm:
             "running_sequences": running,
             "held_kv_blocks": held,
         }
-
-    def stop(self) -> None:
-        for p in self.procs.values():
-            p.terminate()
-        for p in self.procs.values():
-            try:
-                p.wait(15)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        self.redis.stop()
 
 
 def stream(base_url: str, i: int, max_tokens: int) -> tuple[str, list[str], str, float]:
@@ -239,7 +208,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     try:
         farm.start()
-        base_url = f"http://127.0.0.1:{farm.port}/v1"
+        base_url = f"{farm.url()}/v1"
         thread = threading.Thread(target=killer, daemon=True)
         t0 = time.monotonic()
         thread.start()

@@ -278,65 +278,56 @@ def farm_settings(args: argparse.Namespace) -> dict[str, Any]:
 
 @contextmanager
 def launched_farm(args: argparse.Namespace, info: dict[str, Any] | None = None) -> Iterator[str]:
-    """Embedded Redis + gateway + xPU worker + CPU decode workers; yields the /v1 base URL and
-    fills `info` (when given) with the Redis URL and the log folder. `args.launch` names the
-    engines as `syshax run --engine` does (emulated: the xPU worker's; the CPU workers run
-    the model)."""
-    import yaml
-    from syshax.broker.embedded import free_port
+    """Embedded Redis + gateway + xPU worker + CPU decode workers, started by the farm starter
+    the tests use (`syshax.local_farm.LocalFarm`); yields the /v1 base URL and fills `info`
+    (when given) with the Redis URL and the log folder. `args.launch` names the engines as
+    `syshax run --engine` does (emulated: the xPU worker's; the CPU workers run the model)."""
     from syshax.broker.farm_redis import FarmRedis
 
     from syshax.commands.run import engines, layout
+    from syshax.local_farm import FarmError, LocalFarm
 
     # The embedded Redis as `syshax run` starts it (a unix socket, a password, an AOF), its
     # URL handed to the farm in the environment as `syshax run` does.
-    logdir = Path(tempfile.mkdtemp(prefix="syshax-bench-"))
-    redis, port = FarmRedis(logdir / "redis"), free_port()
+    workdir = Path(tempfile.mkdtemp(prefix="syshax-bench-"))
+    redis = FarmRedis(workdir / "redis")
     redis.write_conf()
     redis_proc = subprocess.Popen(redis.argv())
     redis.wait_ready(alive=lambda: redis_proc.poll() is None)
-    farm_env = {**os.environ, "SYSHAX_REDIS_URL": redis.url}
-    cfg_args = []
-    if settings := farm_settings(args):
-        (logdir / "config.yaml").write_text(yaml.safe_dump(settings, sort_keys=False))
-        cfg_args = ["--config", str(logdir / "config.yaml")]
+    cfg = launched_config(args)
+    farm = LocalFarm(workdir, cfg, redis.url)
     if info is not None:
-        info |= {"redis_url": redis.url, "logdir": str(logdir)}
+        info |= {"redis_url": redis.url, "logdir": str(farm.logdir)}
     # The layout `syshax run` picks (one worker with both roles on every core when there is
     # no accelerator); --cpu-workers / --threads override it.
-    cfg = farm_config(args)
     xpu_engine, cpu_engine = engines(cfg, args.launch)
     n_cpu, xpu_threads = layout(cfg, args.cpu_workers, xpu_engine)
-    cli = [sys.executable, "-m", "syshax.cli"]
-    worker = ["worker"] + cfg_args
-    worker += ["--max-batch-size", str(args.max_batch_size)] if args.max_batch_size else []
     threads = ["--threads", str(args.threads)] if args.threads else []
-    xpu_threads_arg = threads or (["--threads", str(xpu_threads)] if xpu_threads else [])
-    cmds = {"gateway": cli + ["gateway", "--port", str(port), "--log-level", "warning"] + cfg_args}  # fmt: skip
-    cmds["xpu-worker"] = cli + worker + ["--engine", xpu_engine] + xpu_threads_arg + ["--roles", "prefill,decode", "--device-class", "xpu"]  # fmt: skip
-    for i in range(n_cpu):
-        cmds[f"cpu-worker-{i}"] = cli + worker + ["--engine", cpu_engine] + threads + ["--roles", "decode", "--device", "cpu", "--device-class", "cpu"]  # fmt: skip
-    procs: dict[str, subprocess.Popen] = {}
+    xpu_args = threads or (["--threads", str(xpu_threads)] if xpu_threads else [])
     try:
-        for name, argv in cmds.items():
-            with open(logdir / f"{name}.log", "wb") as log:
-                procs[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=farm_env)  # fmt: skip
-        print(f"# farm: gateway on port {port}, {len(procs) - 1} workers, logs in {logdir}", file=sys.stderr)  # fmt: skip
-        wait_health(f"http://127.0.0.1:{port}", procs, logdir, args.launch_timeout)
-        yield f"http://127.0.0.1:{port}/v1"
+        farm.start_gateway()
+        farm.start_worker("xpu-worker", "prefill,decode", "xpu", xpu_engine, slots=args.max_batch_size, args=xpu_args)  # fmt: skip
+        for i in range(n_cpu):
+            farm.start_worker(f"cpu-worker-{i}", "decode", "cpu", cpu_engine, slots=args.max_batch_size, args=["--device", "cpu", *threads])  # fmt: skip
+        print(f"# farm: gateway at {farm.url()}, {len(farm.worker_names())} workers, logs in {farm.logdir}", file=sys.stderr)  # fmt: skip
+        try:
+            farm.wait_healthy(timeout=args.launch_timeout)
+        except FarmError as exc:
+            raise SystemExit(f"the farm was not healthy (logs in {farm.logdir}): {exc}") from None
+        yield farm.url() + "/v1"
     finally:  # uvicorn's order: the gateway first, then the workers (they drain), then Redis
-        for group, grace in (["gateway"], 15), ([n for n in procs if n != "gateway"], 40):
-            live = [procs[n] for n in group if n in procs and procs[n].poll() is None]
-            for p in live:
-                p.send_signal(signal.SIGTERM)
-            for p in live:
-                try:
-                    p.wait(grace)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait()
+        farm.stop()
         redis_proc.terminate()
         redis_proc.wait()
+
+
+def launched_config(args: argparse.Namespace):
+    """The config a launched farm runs: the defaults and `farm_settings(args)` when there are
+    any (--load, --set, a benchmark's own settings), else the usual config file's."""
+    from syshax.shared.config import config_from_dict, load_config
+
+    settings = farm_settings(args)
+    return config_from_dict(settings) if settings else load_config(None)
 
 
 def farm_config(args: argparse.Namespace):
