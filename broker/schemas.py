@@ -4,7 +4,7 @@ Wire format (names from `keys.py`):
 
 * prefill stream, decode streams: `XADD stream * j <Job.pack()>`; read with XREADGROUP.
 * token delivery, per engine step, in one pipeline: per request one
-  `XADD out:{rid} MAXLEN ~ N * e <TokenEvent.pack()>` (`b <pack_events(...)>` when the step
+  `XADD out:{rid} * e <TokenEvent.pack()>` (`b <pack_events(...)>` when the step
   made several events of it; read entries with `entry_events`), its `EXPIRE out:{rid}
   output_ttl` on its first and last event (and every output_ttl/4 between), then per gateway
   one `PUBLISH gateway:{gid} <pack_events(...)>` with the step's events of every request that

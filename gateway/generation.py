@@ -223,6 +223,8 @@ class Generation:
 
     def cursor(self) -> str:
         """SSE event id: `<request_id>:<last seq of choice 0>,<of choice 1>,...`."""
+        if len(self.choices) == 1:
+            return f"{self.request_id}:{self.choices[0].last_seq}"
         return f"{self.request_id}:{','.join(str(c.last_seq) for c in self.choices)}"
 
     def usage(self) -> dict[str, int]:

@@ -48,21 +48,22 @@ class ChunkWriter:
         self.held: list[tuple[list[int], list[float | None], list[Any]]] = [
             ([], [], []) for _ in gen.choices
         ]
+        # Every chunk is {"id", "object", "created", "model", "choices"[, "usage"]}: the JSON
+        # around its choices is the same each time, encoded once here (json.dumps of the whole
+        # chunk per token was the gateway's largest cost of its own, bench/broker.py).
+        obj = "chat.completion.chunk" if self.chat else "text_completion"
+        self._head = (
+            f'{{"id":{_dumps(gen.request_id)},"object":"{obj}","created":{_dumps(gen.created)},'
+            f'"model":{_dumps(gen.model)},"choices":'
+        )
+        self._tail = ',"usage":null}' if gen.include_usage else "}"
 
     def event(self, chunk_choices: list[dict[str, Any]], usage: Any = ...) -> str:
-        gen = self.gen
-        chunk: dict[str, Any] = {
-            "id": gen.request_id,
-            "object": "chat.completion.chunk" if self.chat else "text_completion",
-            "created": gen.created,
-            "model": gen.model,
-            "choices": chunk_choices,
-        }
-        if usage is not ...:
-            chunk["usage"] = usage
-        elif gen.include_usage:
-            chunk["usage"] = None
-        return f"id: {gen.cursor()}\ndata: {_dumps(chunk)}\n\n"
+        return self._framed(_dumps(chunk_choices), usage)
+
+    def _framed(self, choices_json: str, usage: Any = ...) -> str:
+        tail = self._tail if usage is ... else f',"usage":{_dumps(usage)}}}'
+        return f"id: {self.gen.cursor()}\ndata: {self._head}{choices_json}{tail}\n\n"
 
     def role(self, index: int) -> str:
         delta = {"role": "assistant", "content": ""}
@@ -91,6 +92,8 @@ class ChunkWriter:
                 logprobs = text_logprobs(self.tokenizer, ids, lps, self.offsets[index], tops)
             self.held[index] = ([], [], [])
         self.offsets[index] += len(event.text)
+        if logprobs is None:  # the usual chunk, encoded without building it as a dict
+            return self._framed(self._plain_choice(index, event))
         choice: dict[str, Any] = {"index": index}
         if self.chat:
             choice["delta"] = {"content": event.text} if event.text else {}
@@ -99,6 +102,15 @@ class ChunkWriter:
         choice["logprobs"] = logprobs
         choice["finish_reason"] = event.finish_reason
         return self.event([choice])
+
+    def _plain_choice(self, index: int, event: TokenEvent) -> str:
+        """`[choice]` as json.dumps writes it, for a chunk without logprobs."""
+        finish = "null" if event.finish_reason is None else _dumps(event.finish_reason)
+        text = _dumps(event.text)
+        if not self.chat:
+            return f'[{{"index":{index},"text":{text},"logprobs":null,"finish_reason":{finish}}}]'
+        delta = f'{{"content":{text}}}' if event.text else "{}"
+        return f'[{{"index":{index},"delta":{delta},"logprobs":null,"finish_reason":{finish}}}]'
 
     def _tool_answer(self, index: int, event: TokenEvent, final: bool) -> str | None:
         """With tools, the text is held until the answer ends: then it is either its tool calls
