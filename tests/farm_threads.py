@@ -3,7 +3,7 @@
 Each part is optional: the real gateway app served by uvicorn in a thread, and the workers in
 threads, on the session's Redis (tests/conftest.py), with the official `openai` client.
 
-Workers: "stub" = a small echo worker that speaks the broker's wire contract (`EchoWorker`):
+Workers: "stub" = a scripted echo worker on the broker's own worker I/O (`EchoWorker`):
 it answers each PrefillJob with the prompt's own tokens as output (text from the real
 tokenizer, incremental detokenization with stop strings): finish_reason "stop" at an eos token
 or a stop string, "length" at max_tokens; a prompt containing FAIL_NOW gets an error event at
@@ -14,7 +14,6 @@ i = prompt token i). None = no worker.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 import uuid
@@ -25,9 +24,11 @@ import msgspec
 import openai
 import redis
 import uvicorn
+from syshax.broker.connect import sync_client
 from syshax.broker.embedded import free_port
 from syshax.broker.keys import KEYS, Keys
-from syshax.broker.schemas import PrefillJob, SchemaError, TokenEvent, pack_events
+from syshax.broker.schemas import PrefillJob, SchemaError, TokenEvent
+from syshax.broker.worker_io import CancelWatcher, TokenPublisher, WorkQueues
 from syshax.shared.detokenizer import IncrementalDetokenizer
 from syshax.shared.sampling import SamplingParams
 from syshax.shared.tokenizer import Tokenizer
@@ -48,6 +49,12 @@ class Output:
 
 
 class EchoWorker:
+    """The stub worker: a scripted stand-in for the engine behind the broker's own worker I/O
+    (`WorkQueues` reads and acks its prefill jobs, `TokenPublisher` writes its events to the
+    output streams and the gateways' channels, `CancelWatcher` reads the cancel flags), so the
+    wire format lives in broker/ alone; what it scripts is what a gateway test needs a worker
+    to do on cue (fail at once or mid-stream, drop a publish, go slowly)."""
+
     def __init__(
         self,
         url: str,
@@ -56,19 +63,19 @@ class EchoWorker:
         delay: float = 0.0,
         drop_publish_every: int = 0,
     ) -> None:
-        self.r = redis.Redis.from_url(url)
+        self.r = sync_client(url)
         self.keys, self.tokenizer = keys, tokenizer
         self.delay, self.drop_every = delay, drop_publish_every
+        self.queues = WorkQueues(self.r, [keys.prefill_stream], "echo", keys)
+        self.publisher = TokenPublisher(self.r, keys)
+        self.cancels = CancelWatcher(self.r, keys)
         self.outputs: dict[str, Output] = {}
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._main = threading.Thread(target=self._loop, daemon=True)
 
     def start(self) -> EchoWorker:
-        with contextlib.suppress(redis.ResponseError):
-            self.r.xgroup_create(
-                self.keys.prefill_stream, self.keys.prefill_group, id="0", mkstream=True
-            )
+        self.queues.ensure_groups()
         self._main.start()
         return self
 
@@ -77,27 +84,22 @@ class EchoWorker:
         self._main.join(5)
         for t in self._threads:
             t.join(5)
+        self.cancels.close()
         self.r.close()
 
     def _loop(self) -> None:
-        stream, group = self.keys.prefill_stream, self.keys.prefill_group
         while not self._stop.is_set():
-            reply = self.r.xreadgroup(group, "echo", {stream: ">"}, count=16, block=50)
-            for _, entries in reply or []:
-                for entry_id, fields in entries:
-                    try:
-                        job = PrefillJob.unpack(fields[b"j"])
-                    except SchemaError:
-                        job = None  # a real worker dead-letters it; we drop it
-                    for choice in self._choices(job):
-                        self.outputs[choice.request_id] = Output(choice)
-                        t = threading.Thread(target=self._run, args=(choice,), daemon=True)
-                        self._threads.append(t)
-                        t.start()
-                    pipe = self.r.pipeline()
-                    pipe.xack(stream, group, entry_id)
-                    pipe.xdel(stream, entry_id)
-                    pipe.execute()
+            for entry in self.queues.read(16, 50):
+                try:
+                    job = PrefillJob.unpack(entry.data) if entry.data else None
+                except SchemaError:
+                    job = None  # a real worker dead-letters it; we drop it
+                for choice in self._choices(job):
+                    self.outputs[choice.request_id] = Output(choice)
+                    t = threading.Thread(target=self._run, args=(choice,), daemon=True)
+                    self._threads.append(t)
+                    t.start()
+                self.queues.ack(entry)
 
     @staticmethod
     def _choices(job: PrefillJob | None) -> list[PrefillJob]:
@@ -112,16 +114,11 @@ class EchoWorker:
 
     def _send(self, event: TokenEvent) -> None:
         self.outputs[event.request_id].events.append(event)
-        data = event.pack()
-        out = self.keys.output_stream(event.request_id)
-        pipe = self.r.pipeline(transaction=False)
-        pipe.xadd(out, {"e": data}, maxlen=10_000, approximate=True)
-        pipe.expire(out, 600)
         gateway = self.outputs[event.request_id].job.gateway
         dropped = self.drop_every and event.seq % self.drop_every == self.drop_every - 1
-        if gateway and not dropped:
-            pipe.publish(self.keys.gateway_channel(gateway), pack_events([data]))
-        pipe.execute()
+        # a request without a gateway is written to its output stream only (not published)
+        gateways = {event.request_id: gateway} if gateway and not dropped else {}
+        self.publisher.publish([event], gateways)
 
     def _run(self, job: PrefillJob) -> None:
         params = SamplingParams.from_dict(job.params)
@@ -136,7 +133,7 @@ class EchoWorker:
             return
         eos = set(self.tokenizer.eos_token_ids)
         for seq in range(params.max_tokens or 16):
-            if self._stop.is_set() or self.r.exists(self.keys.cancel_flag(rid)):
+            if self._stop.is_set() or self.cancels.is_cancelled(rid):
                 return
             if "FAIL_LATER" in prompt_text and seq == 2:
                 error = {"message": "worker lost", "type": "service_unavailable", "code": None}
