@@ -212,7 +212,7 @@ class ThreadFarm:
         xpu_slots: int | None = None,
         step_delay: float = 0.002,  # echo: seconds per engine step
         auto_pd_offload: bool = True,
-        detokenize: bool = False,  # echo: the engines get the tokenizer (text in the events)
+        detokenize: bool = True,  # echo: the farm's tokenizer (False: one loaded per worker)
         drain: float = 5.0,  # echo: seconds the workers drain on stop
         key_prefix: str | None = None,
         **settings: Any,
@@ -239,7 +239,7 @@ class ThreadFarm:
                     server_url, self.keys, tokenizer, worker_delay, drop_publish_every
                 ).start()
             elif workers == "echo":
-                tok = tokenizer if detokenize else None
+                tok = tokenizer if detokenize else None  # None: build_engine loads it
                 for wid, roles, cls, n in (
                     ("xpu", {"prefill", "decode"}, "xpu", xpu_slots or slots),
                     ("cpu0", {"decode"}, "cpu", cpu_slots or slots),
@@ -336,11 +336,29 @@ class ThreadFarm:
 
 
 def _echo_worker(url, keys, wid, roles, cls, slots, step_delay, offload, tokenizer):
-    from syshax.broker.dispatcher import Dispatcher
-    from syshax.workers.echo_engine import EchoEngine
-    from syshax.workers.worker import Worker, WorkerOptions
+    """A farm Worker made as `syshax worker --engine echo` makes one (its settings resolved by
+    workers/settings.py, its engine built by workers/build.py), on the farm's keys, with KV
+    through Redis and the farm's tokenizer (None: one is loaded from the model)."""
+    from syshax.shared.config import Config
+    from syshax.workers.build import build_engine
+    from syshax.workers.process import dispatcher_of, worker_options
+    from syshax.workers.settings import WorkerOverrides, WorkerSettings
+    from syshax.workers.worker import Worker
 
-    opts = WorkerOptions(wid, frozenset(roles), cls, kv_store="redis", block_ms=20)
-    engine = EchoEngine(tokenizer, max_num_seqs=slots, step_delay=step_delay)
-    disp = Dispatcher(auto_pd_offload=offload, cpu_max_batch_size=slots)
-    return Worker(engine, redis.Redis.from_url(url), opts, disp, keys=keys)
+    cfg = Config()
+    cfg.redis.prefix, cfg.kv.store = keys.prefix, "redis"
+    cfg.auto_pd_offload, cfg.cpu_max_batch_size = offload, slots
+    overrides = WorkerOverrides(
+        roles=",".join(sorted(roles)),
+        device_class=cls,
+        engine="echo",
+        max_batch_size=slots,
+        step_delay=step_delay,
+        worker_id=wid,
+        port=0,
+    )
+    settings = WorkerSettings.from_config(cfg, overrides)
+    opts = worker_options(settings)
+    opts.block_ms = 20  # the tests' farms answer fast
+    engine = build_engine(settings, tokenizer)
+    return Worker(engine, sync_client(url), opts, dispatcher_of(settings), keys=keys)

@@ -7,15 +7,19 @@ worker serves) and its engine slots (the decode slots plus the handoff slots).""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from .engine.protocol import EngineProtocol
 from .settings import WorkerSettings
 
 
-def build_engine(settings: WorkerSettings) -> EngineProtocol:
+def build_engine(settings: WorkerSettings, tokenizer: Any = None) -> EngineProtocol:
     """The engine `settings.engine` names; raises EngineError (its message says why) when it
     cannot be built. vLLM is imported only for the vLLM engine, torch only by those that run
-    a model or read one's shape."""
+    a model or read one's shape. `tokenizer`: the model's, already loaded, for the stand-ins'
+    text (the thread farm of the tests shares one); None = loaded from the model."""
+    if tokenizer is not None and settings.engine in ("echo", "emulated"):
+        return BUILDERS[settings.engine](settings, tokenizer)
     return BUILDERS[settings.engine](settings)
 
 
@@ -50,11 +54,11 @@ def _native(s: WorkerSettings) -> EngineProtocol:
     return Engine(s.model, options)
 
 
-def _echo(s: WorkerSettings) -> EngineProtocol:
+def _echo(s: WorkerSettings, tokenizer: Any = None) -> EngineProtocol:
     from .echo_engine import EchoEngine
 
     return EchoEngine(
-        _tokenizer(s),
+        tokenizer or _tokenizer(s),
         max_model_len=s.max_model_len,
         max_num_seqs=s.engine_slots,
         max_num_batched_tokens=s.max_num_batched_tokens,
@@ -63,13 +67,13 @@ def _echo(s: WorkerSettings) -> EngineProtocol:
     )
 
 
-def _emulated(s: WorkerSettings) -> EngineProtocol:
+def _emulated(s: WorkerSettings, tokenizer: Any = None) -> EngineProtocol:
     from .emulated_engine import EmulatedEngine
 
     return EmulatedEngine(
         s.model,
         s.profile,
-        _tokenizer(s),
+        tokenizer or _tokenizer(s),
         max_model_len=s.max_model_len,
         max_num_seqs=s.engine_slots,
         max_num_batched_tokens=s.max_num_batched_tokens,
@@ -85,7 +89,7 @@ def _vllm(s: WorkerSettings) -> EngineProtocol:
     return build_vllm(resolve_model_path(s.model), s.vllm, s.served_model)
 
 
-BUILDERS: dict[str, Callable[[WorkerSettings], EngineProtocol]] = {
+BUILDERS: dict[str, Callable[..., EngineProtocol]] = {
     "native": _native,
     "echo": _echo,
     "emulated": _emulated,
