@@ -26,6 +26,7 @@ import redis
 import uvicorn
 from syshax.broker.connect import sync_client
 from syshax.broker.embedded import free_port
+from syshax.broker.farm_io import queue_jobs
 from syshax.broker.keys import KEYS, Keys
 from syshax.broker.schemas import PrefillJob, SchemaError, TokenEvent
 from syshax.broker.worker_io import CancelWatcher, TokenPublisher, WorkQueues
@@ -307,7 +308,7 @@ class ThreadFarm:
         job = PrefillJob(
             request_id=rid, prompt_ids=prompt, params=params, created=now, deadline=now + 60
         )
-        self.r.xadd(self.keys.prefill_stream, {"j": job.pack()})
+        queue_jobs(self.r, self.keys.prefill_stream, [job])
         return rid
 
     def events(self, rid: str, timeout: float = 10.0) -> list[TokenEvent]:
@@ -315,8 +316,7 @@ class ThreadFarm:
         end = time.monotonic() + timeout
         evs: list[TokenEvent] = []
         while time.monotonic() < end:
-            out = self.r.xrange(self.keys.output_stream(rid))
-            evs = [TokenEvent.unpack(f[b"e"]) for _, f in out]
+            evs = TokenPublisher(self.r, self.keys).delivered(rid)
             if evs and (evs[-1].finish_reason or evs[-1].error):
                 return evs
             time.sleep(0.02)
