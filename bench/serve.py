@@ -21,26 +21,31 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import datetime
 import json
 import os
-import platform
 import random
 import shlex
-import signal
-import subprocess
 import sys
-import tempfile
 import time
 from collections import deque
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from serve_launch import (  # noqa: F401 - re-exported for hetero.py and structured_serve.py
+    farm_config,
+    farm_settings,
+    launched_config,
+    launched_farm,
+    launched_llama_server,
+    llama_gguf,
+    llama_server_argv,
+    llama_server_version,
+    wait_health,
+)
+from serve_report import comparison, machine, overhead, report, summarize  # noqa: F401 - re-exported
 from syshax.workers.settings import ENGINE_ALIASES
 
 from syshax.commands.renamed import with_old_names
@@ -243,164 +248,6 @@ async def bench_farm(args: argparse.Namespace, base_url: str, prompts: list[Prom
     return list(recs), duration
 
 
-def wait_health(url: str, procs: dict[str, subprocess.Popen], logdir: Path, timeout: float, what: str = "the farm") -> None:  # fmt: skip
-    import httpx
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if dead := [n for n, p in procs.items() if p.poll() is not None]:
-            tail = (logdir / f"{dead[0]}.log").read_text(errors="replace")[-2000:]
-            raise SystemExit(f"{dead[0]} exited at start (logs in {logdir}):\n{tail}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.25)
-    raise SystemExit(f"{what} at {url} was not healthy within {timeout:.0f}s (logs in {logdir})")
-
-
-def farm_settings(args: argparse.Namespace) -> dict[str, Any]:
-    """The keys a launched farm's config file sets (the rest: defaults): `model` with --load,
-    plus any `args.farm_settings` (nested sections, e.g. {"xpu": {"engine": "emulated"}});
-    empty = no file (the farm reads the usual config)."""
-    settings = dict(getattr(args, "farm_settings", None) or {})
-    if args.load:
-        settings["model"] = str(args.load.expanduser())
-    for key, value in getattr(args, "set", None) or []:
-        *sections, leaf = key.split(".")
-        node = settings
-        for name in sections:
-            node = node.setdefault(name, {})
-        node[leaf] = value
-    return settings
-
-
-@contextmanager
-def launched_farm(args: argparse.Namespace, info: dict[str, Any] | None = None) -> Iterator[str]:
-    """Embedded Redis + gateway + xPU worker + CPU decode workers, started by the farm starter
-    the tests use (`syshax.local_farm.LocalFarm`); yields the /v1 base URL and fills `info`
-    (when given) with the Redis URL and the log folder. `args.launch` names the engines as
-    `syshax run --engine` does (emulated: the xPU worker's; the CPU workers run the model)."""
-    from syshax.broker.farm_redis import FarmRedis
-
-    from syshax.commands.run import engines, layout
-    from syshax.local_farm import FarmError, LocalFarm
-
-    # The embedded Redis as `syshax run` starts it (a unix socket, a password, an AOF), its
-    # URL handed to the farm in the environment as `syshax run` does.
-    workdir = Path(tempfile.mkdtemp(prefix="syshax-bench-"))
-    redis = FarmRedis(workdir / "redis")
-    redis.write_conf()
-    redis_proc = subprocess.Popen(redis.argv())
-    redis.wait_ready(alive=lambda: redis_proc.poll() is None)
-    cfg = launched_config(args)
-    farm = LocalFarm(workdir, cfg, redis.url)
-    if info is not None:
-        info |= {"redis_url": redis.url, "logdir": str(farm.logdir)}
-    # The layout `syshax run` picks (one worker with both roles on every core when there is
-    # no accelerator); --cpu-workers / --threads override it.
-    xpu_engine, cpu_engine = engines(cfg, args.launch)
-    n_cpu, xpu_threads = layout(cfg, args.cpu_workers, xpu_engine)
-    threads = ["--threads", str(args.threads)] if args.threads else []
-    xpu_args = threads or (["--threads", str(xpu_threads)] if xpu_threads else [])
-    try:
-        farm.start_gateway()
-        farm.start_worker("xpu-worker", "prefill,decode", "xpu", xpu_engine, slots=args.max_batch_size, args=xpu_args)  # fmt: skip
-        for i in range(n_cpu):
-            farm.start_worker(f"cpu-worker-{i}", "decode", "cpu", cpu_engine, slots=args.max_batch_size, args=["--device", "cpu", *threads])  # fmt: skip
-        print(f"# farm: gateway at {farm.url()}, {len(farm.worker_names())} workers, logs in {farm.logdir}", file=sys.stderr)  # fmt: skip
-        try:
-            farm.wait_healthy(timeout=args.launch_timeout)
-        except FarmError as exc:
-            raise SystemExit(f"the farm was not healthy (logs in {farm.logdir}): {exc}") from None
-        yield farm.url() + "/v1"
-    finally:  # uvicorn's order: the gateway first, then the workers (they drain), then Redis
-        farm.stop()
-        redis_proc.terminate()
-        redis_proc.wait()
-
-
-def launched_config(args: argparse.Namespace):
-    """The config a launched farm runs: the defaults and `farm_settings(args)` when there are
-    any (--load, --set, a benchmark's own settings), else the usual config file's."""
-    from syshax.shared.config import config_from_dict, load_config
-
-    settings = farm_settings(args)
-    return config_from_dict(settings) if settings else load_config(None)
-
-
-def farm_config(args: argparse.Namespace):
-    """The config a launched farm and the direct engine run: the defaults (or the config
-    file), with --load if given; with `args.farm_settings`, the defaults and those."""
-    from syshax.shared.config import load_config
-
-    if getattr(args, "farm_settings", None):  # the file launched_farm writes, read as it will be
-        import yaml
-
-        with tempfile.TemporaryDirectory() as tmp:
-            (Path(tmp) / "config.yaml").write_text(yaml.safe_dump(farm_settings(args)))
-            return load_config(Path(tmp) / "config.yaml")
-    cfg = load_config(None)
-    if args.load:
-        cfg.model = str(args.load.expanduser())
-    return cfg
-
-
-def llama_gguf(args: argparse.Namespace) -> Path:
-    """--gguf, else the farm's model (the file a launched farm loads)."""
-    path = args.gguf.expanduser() if args.gguf else farm_config(args).model_path()
-    if not (path.is_file() and path.suffix == ".gguf"):
-        raise SystemExit(f"llama-server needs a .gguf file, the model is {path} (pass --gguf)")
-    return path
-
-
-def llama_server_argv(args: argparse.Namespace, gguf: Path, port: int) -> list[str]:
-    """-np: one slot per request of the highest level; -c: the total KV context, split evenly
-    over the slots, so each holds a prompt + its output + a margin (BOS, a chat template),
-    rounded up to 256 tokens (llama.cpp pads the context and warns on an uneven split)."""
-    slots = max(args.concurrency_list)
-    ctx = slots * -(-(args.input_len + args.output_len + 128) // 256) * 256
-    argv = [str(args.llama_server.expanduser()), "-m", str(gguf), "-t", str(args.llama_threads), "-tb", str(args.llama_threads), "-np", str(slots), "-c", str(ctx), "-cb", "--cache-ram", "0", "--no-webui", "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
-    return argv + shlex.split(args.llama_server_args)
-
-
-def llama_server_version(binary: Path) -> str:
-    try:
-        out = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=30)  # fmt: skip
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"unknown ({type(exc).__name__}: {exc})"
-    return " ".join((out.stdout + out.stderr).split())
-
-
-@contextmanager
-def launched_llama_server(args: argparse.Namespace, info: dict[str, Any]) -> Iterator[str]:
-    """llama.cpp's llama-server on the same GGUF; yields the /v1 base URL, fills info with the
-    binary, its version and command line."""
-    from syshax.broker.embedded import free_port
-
-    binary = args.llama_server.expanduser()
-    if not binary.is_file():
-        raise SystemExit(f"{binary}: no llama-server there (build it with bench/llama_server.sh, or pass --llama-server)")  # fmt: skip
-    port, logdir = free_port(), Path(tempfile.mkdtemp(prefix="syshax-bench-llama-"))
-    argv = llama_server_argv(args, llama_gguf(args), port)
-    info |= {"binary": str(binary), "version": llama_server_version(binary), "command": shlex.join(argv)}  # fmt: skip
-    with open(logdir / "llama-server.log", "wb") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
-    print(f"# llama-server on port {port}, log in {logdir}: {shlex.join(argv)}", file=sys.stderr)  # fmt: skip
-    try:
-        wait_health(f"http://127.0.0.1:{port}", {"llama-server": proc}, logdir, args.launch_timeout, "llama-server")  # fmt: skip
-        yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-
 def build_engine(args: argparse.Namespace, tok: Any) -> Any:
 
     cfg = farm_config(args)
@@ -465,52 +312,6 @@ def bench_direct(args: argparse.Namespace, engine: Any, prompts: list[Prompt], a
     return recs, time.perf_counter() - t0
 
 
-def summarize(recs: list[Rec], duration: float, args: argparse.Namespace) -> dict[str, Any]:
-    ok = [r for r in recs if r.ok]
-    series = {"ttft": [r.ttft for r in ok], "tpot": [r.tpot for r in ok if r.output_tokens > 1], "itl": [x for r in ok for x in r.itl], "e2el": [r.e2e for r in ok]}  # fmt: skip
-    s: dict[str, Any] = {"completed": len(ok), "failed": len(recs) - len(ok), "duration": duration, "total_input": sum(r.prompt_len for r in ok), "total_output": sum(r.output_tokens for r in ok)}  # fmt: skip
-    s["request_throughput"] = len(ok) / duration
-    s["output_throughput"] = s["total_output"] / duration
-    s["total_token_throughput"] = (s["total_input"] + s["total_output"]) / duration
-    for name, xs in series.items():
-        ms = np.asarray(xs or [0.0]) * 1000
-        s |= {f"mean_{name}_ms": float(ms.mean()), f"median_{name}_ms": float(np.median(ms)), f"p99_{name}_ms": float(np.percentile(ms, 99))}  # fmt: skip
-    if args.goodput:
-        slo = args.goodput
-        good = sum(1 for r in ok if r.ttft * 1e3 <= slo.get("ttft", float("inf")) and r.tpot * 1e3 <= slo.get("tpot", float("inf")) and r.e2e * 1e3 <= slo.get("e2el", float("inf")))  # fmt: skip
-        s |= {"goodput_requests": good, "request_goodput": good / duration, "goodput_fraction": good / len(recs)}  # fmt: skip
-    s["errors"] = sorted({r.error for r in recs if not r.ok})
-    return s
-
-
-def report(title: str, s: dict[str, Any], args: argparse.Namespace) -> str:
-    def row(k: str, v: Any) -> str:
-        return f"{k:<40} {v:<10.2f}" if isinstance(v, float) else f"{k:<40} {v:<10}"
-
-    out = [f"{' ' + title + ' ':=^50}", row("Successful requests:", s["completed"]), row("Failed requests:", s["failed"])]  # fmt: skip
-    if args.max_concurrency:
-        out.append(row("Maximum request concurrency:", args.max_concurrency))
-    out += [row("Benchmark duration (s):", s["duration"]), row("Total input tokens:", s["total_input"]), row("Total generated tokens:", s["total_output"]), row("Request throughput (req/s):", s["request_throughput"])]  # fmt: skip
-    if "request_goodput" in s:
-        out += [row("Request goodput (req/s):", s["request_goodput"]), row("Goodput fraction:", s["goodput_fraction"])]  # fmt: skip
-    out += [row("Output token throughput (tok/s):", s["output_throughput"]), row("Total Token throughput (tok/s):", s["total_token_throughput"])]  # fmt: skip
-    for key, label, header in (("ttft", "TTFT", "Time to First Token"), ("tpot", "TPOT", "Time per Output Token (excl. 1st token)"), ("itl", "ITL", "Inter-token Latency"), ("e2el", "E2EL", "End-to-end Latency")):  # fmt: skip
-        out.append(f"{header:-^50}")
-        out += [row(f"{stat.capitalize() if stat != 'p99' else 'P99'} {label} (ms):", s[f"{stat}_{key}_ms"]) for stat in ("mean", "median", "p99")]  # fmt: skip
-    out += [f"error: {e}" for e in s["errors"][:5]] + ["=" * 50]
-    return "\n".join(out)
-
-
-def overhead(farm: dict[str, Any], direct: dict[str, Any]) -> tuple[str, dict[str, float]]:
-    keys = ("itl", "tpot", "ttft", "e2el")
-    diff = {f"median_{k}_ms": farm[f"median_{k}_ms"] - direct[f"median_{k}_ms"] for k in keys}
-    out = [f"{' Farm overhead (farm - direct) ':=^50}", f"{'':<22}{'farm':>9}{'direct':>9}{'diff':>10}"]  # fmt: skip
-    for k in keys:
-        out.append(f"{'Median ' + k.upper() + ' (ms):':<22}{farm[f'median_{k}_ms']:>9.2f}{direct[f'median_{k}_ms']:>9.2f}{diff[f'median_{k}_ms']:>+10.2f}")  # fmt: skip
-    out += [f"{'Farm overhead per token (median ITL) (ms):':<44}{diff['median_itl_ms']:>+6.2f}", f"{'Farm overhead per token (median TPOT) (ms):':<44}{diff['median_tpot_ms']:>+6.2f}", "=" * 50]  # fmt: skip
-    return "\n".join(out), diff
-
-
 def at_level(args: argparse.Namespace, c: int) -> argparse.Namespace:
     return argparse.Namespace(**(vars(args) | {"max_concurrency": c}))
 
@@ -540,40 +341,6 @@ def sweep(args: argparse.Namespace, prompts: list[Prompt], arrivals: list[float]
         with launched_llama_server(args, info) as url:
             levels("llama-server", url)
     return runs
-
-
-def comparison(sums: dict[str, dict[int, dict[str, Any]]], args: argparse.Namespace) -> tuple[str, list[dict[str, Any]]]:  # fmt: skip
-    """The side-by-side table (and its rows): per level and server, output tok/s, TTFT and ITL
-    p50/p99; farm/llama-server for tok/s on the llama-server row."""
-    rows, notes = [], []
-    head = f"{'conc':>5}  {'server':<13}{'requests':>9}{'out tok/s':>11}{'TTFT p50':>10}{'TTFT p99':>10}{'ITL p50':>9}{'ITL p99':>9}{'farm/llama':>12}"  # fmt: skip
-    out = [f"{' Serving comparison (TTFT, ITL in ms) ':=^{len(head)}}", head]
-    for c in args.concurrency_list:
-        for server, by_level in sums.items():
-            s = by_level[c]
-            row = {"concurrency": c, "server": server, "completed": s["completed"], "requests": s["completed"] + s["failed"], "output_throughput": s["output_throughput"], "median_ttft_ms": s["median_ttft_ms"], "p99_ttft_ms": s["p99_ttft_ms"], "median_itl_ms": s["median_itl_ms"], "p99_itl_ms": s["p99_itl_ms"]}  # fmt: skip
-            ratio = ""
-            if server == "llama-server" and s["output_throughput"] > 0:
-                row["farm_over_llama_tok_s"] = sums["farm"][c]["output_throughput"] / s["output_throughput"]  # fmt: skip
-                ratio = f"{row['farm_over_llama_tok_s']:.2f}x"
-            rows.append(row)
-            out.append(f"{c:>5}  {server:<13}{str(row['completed']) + '/' + str(row['requests']):>9}{s['output_throughput']:>11.1f}{s['median_ttft_ms']:>10.1f}{s['p99_ttft_ms']:>10.1f}{s['median_itl_ms']:>9.1f}{s['p99_itl_ms']:>9.1f}{ratio:>12}")  # fmt: skip
-            if s["completed"] and s["total_output"] != s["completed"] * args.output_len:
-                notes.append(f"note: {server} at {c} generated {s['total_output']} tokens, not {s['completed']} x {args.output_len}")  # fmt: skip
-            notes += [f"error: {server} at {c}: {e}" for e in s["errors"][:3]]
-    if "llama-server" in sums:  # the two tokenizers may count the same text differently
-        c = args.concurrency_list[0]
-        ins = {n: by[c]["total_input"] / max(by[c]["completed"], 1) for n, by in sums.items()}
-        if len(set(ins.values())) > 1:
-            notes.append("note: prompt tokens per request (server usage): " + ", ".join(f"{n} {v:.1f}" for n, v in ins.items()))  # fmt: skip
-    return "\n".join(out + notes + ["=" * len(head)]), rows
-
-
-def machine() -> dict[str, Any]:
-    cpu = platform.processor() or platform.machine()
-    with contextlib.suppress(OSError):
-        cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("model name")), cpu)  # fmt: skip
-    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()}  # fmt: skip
 
 
 def _levels(text: str) -> list[int]:
