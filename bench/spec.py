@@ -143,48 +143,60 @@ def run_llama(url: str, prompts: list[dict], streams: int, max_tokens: int) -> d
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    torch.set_num_threads(args.threads)  # ours and llama-server on the same number of cores
     model = args.model or _speed_model(args.threads)
-    prompts = load_prompts(args.prompts)
+    prompts = load_prompts(args.prompts)[: args.num_prompts]
     engines = {f"ours {m}": make_engine(model, args, m) for m in ("none", "ngram")}
     tok = engines["ours none"].tokenizer
     ids = [tok.encode_chat(p["messages"]) for p in prompts]
     for eng in engines.values():  # warm: first-touch of weights and caches
         run_ours(eng, ids[:1], 1, 8)
     results: dict[str, dict[int, list[dict]]] = {}
+    llama_cmds: dict[str, str] = {}
     mismatches = 0
-    for streams in args.streams:
-        for r in range(args.rounds):
-            order = list(engines) if r % 2 == 0 else list(reversed(engines))
+    for r in range(args.rounds):  # every mode once per round: the machine's drift hits all
+        order = list(engines) if r % 2 == 0 else list(reversed(engines))
+        for streams in args.streams:
             for name in order:
                 res = run_ours(engines[name], ids, streams, args.max_tokens)
-                results.setdefault(name, {}).setdefault(streams, []).append(res)
-                print(f"# {streams} streams round {r}: {name}: {res['tps']:.1f} tok/s ({res['tokens']} tokens, {res['seconds']:.1f} s)", file=sys.stderr, flush=True)  # fmt: skip
-            plain = results["ours none"][streams][-1]["texts"]
-            spec = results["ours ngram"][streams][-1]["texts"]
-            for i, (a, b) in enumerate(zip(plain, spec, strict=True)):
-                if a != b:
-                    mismatches += 1
-                    print(f"# TEXT DIFFERS ({prompts[i]['name']}, {streams} streams):\n  none:  {tok.decode(a)!r}\n  ngram: {tok.decode(b)!r}", file=sys.stderr)  # fmt: skip
-    for eng in engines.values():
-        eng.runner.fused.close() if eng.runner.fused else None
-    engines.clear()
-    llama_cmds = {}
-    if args.llama_server:
-        for spec_type in (None, *LLAMA_SPEC_TYPES):
-            name = f"llama-server {spec_type or 'plain'}"
-            proc, url, cmd = start_llama(args.llama_server.expanduser(), model, args, spec_type)
-            llama_cmds[name] = cmd
-            try:
-                run_llama(url, prompts[:1], 1, 8)  # warm
-                for streams in args.streams:
-                    for r in range(args.rounds):
-                        res = run_llama(url, prompts, streams, args.max_tokens)
-                        results.setdefault(name, {}).setdefault(streams, []).append(res)
-                        print(f"# {streams} streams round {r}: {name}: {res['tps']:.1f} tok/s ({res['tokens']} tokens)", file=sys.stderr, flush=True)  # fmt: skip
-            finally:
-                proc.terminate()
-                proc.wait(30)
+                _keep(results, name, streams, res, r)
+            mismatches += _compare(results, prompts, tok, streams)
+        if args.llama_server:
+            _llama_round(args, model, prompts, results, llama_cmds, r)
     return {"model": str(model), "results": results, "mismatches": mismatches, "llama": llama_cmds}  # fmt: skip
+
+
+def _keep(results: dict, name: str, streams: int, res: dict, r: int) -> None:
+    results.setdefault(name, {}).setdefault(streams, []).append(res)
+    print(f"# round {r}, {streams} streams: {name}: {res['tps']:.1f} tok/s ({res['tokens']} tokens, {res['seconds']:.1f} s)", file=sys.stderr, flush=True)  # fmt: skip
+
+
+def _compare(results: dict, prompts: list[dict], tok: Any, streams: int) -> int:
+    """The greedy texts of this round's two runs of ours, compared; returns the differences."""
+    plain = results["ours none"][streams][-1]["texts"]
+    spec = results["ours ngram"][streams][-1]["texts"]
+    bad = 0
+    for i, (a, b) in enumerate(zip(plain, spec, strict=True)):
+        if a != b:
+            bad += 1
+            print(f"# TEXT DIFFERS ({prompts[i]['name']}, {streams} streams):\n  none:  {tok.decode(a)!r}\n  ngram: {tok.decode(b)!r}", file=sys.stderr)  # fmt: skip
+    return bad
+
+
+def _llama_round(args, model: Path, prompts: list[dict], results: dict, cmds: dict, r: int) -> None:
+    """llama-server plain and with each n-gram mode, one server per mode, every level."""
+    for spec_type in (None, *LLAMA_SPEC_TYPES):
+        name = f"llama-server {spec_type or 'plain'}"
+        proc, url, cmds[name] = start_llama(args.llama_server.expanduser(), model, args, spec_type)  # fmt: skip
+        try:
+            run_llama(url, prompts[:1], 1, 8)  # warm
+            for streams in args.streams:
+                _keep(results, name, streams, run_llama(url, prompts, streams, args.max_tokens), r)  # fmt: skip
+        finally:
+            proc.terminate()
+            proc.wait(30)
 
 
 def _speed_model(threads: int) -> Path:
@@ -226,12 +238,13 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("--model", type=Path, default=None, help="GGUF to run (default: bench/spec_model.py's padded SmolLM2 at Q4_0, made if absent)")  # fmt: skip
     p.add_argument("--prompts", type=Path, default=PROMPTS, help="JSONL of {name, messages} (default: %(default)s)")  # fmt: skip
+    p.add_argument("--num-prompts", type=int, default=None, help="the first N prompts only (default: all)")  # fmt: skip
     p.add_argument("--streams", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4], help="stream levels, comma-separated (default 1,4)")  # fmt: skip
     p.add_argument("--rounds", type=int, default=2, help="alternating rounds per level (default 2)")  # fmt: skip
     p.add_argument("--max-tokens", type=int, default=192, help="most tokens per answer (default 192)")  # fmt: skip
     p.add_argument("--num-tokens", type=int, default=5, help="speculative.num_tokens for ours (default 5)")  # fmt: skip
     p.add_argument("--max-model-len", type=int, default=1024, help="context per sequence (default 1024)")  # fmt: skip
-    p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="llama-server's threads (ours: torch's default, all cores)")  # fmt: skip
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="threads for ours and llama-server (default: every core)")  # fmt: skip
     p.add_argument("--llama-server", type=Path, default=None, help="llama-server binary: also run it plain and with --spec-type ngram-simple|ngram-map-k|ngram-mod")  # fmt: skip
     p.add_argument("--json", type=Path, default=None, help="also write every figure to this file")  # fmt: skip
     args = p.parse_args(argv)

@@ -164,6 +164,7 @@ class EngineCore(SchedulerRequests):
             seconds = time.perf_counter() - started
         produced = self.stats.spec.decode_tokens - produced
         self.stats.record(step.num_rows - decode_rows, decode_rows, max(seconds, 1e-6), produced)
+        self.scheduler.observe_step(step.num_rows - decode_rows, decode_rows, seconds)
         return outs
 
     def generate(

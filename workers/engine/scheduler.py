@@ -288,10 +288,14 @@ class Scheduler:
         for chunk in decodes if each > 0 else ():
             seq = chunk.seq
             p = seq.params
-            k = min(each, self.spec.wanted(seq.acceptance), self.max_model_len - seq.length)
+            k = min(
+                self.spec.wanted(seq.acceptance, len(decodes), each),
+                self.max_model_len - seq.length,
+            )
             if p.max_tokens is not None:  # the verified tokens plus the target's own fit
                 k = min(k, p.max_tokens - len(seq.output_ids) - 1)
             if k < 1:
+                seq.acceptance = self.spec.recovered(seq.acceptance)
                 continue
             draft = self.spec.propose(seq.all_ids, k)
             if draft and seq.constraint is not None:  # stop at the first refused token
@@ -305,6 +309,11 @@ class Scheduler:
                 chunk.length += len(draft)
                 added += len(draft)
         return added
+
+    def observe_step(self, prompt_rows: int, decode_rows: int, seconds: float) -> None:
+        """The engine's measured step time: decode-only steps price speculation's rows."""
+        if self.spec is not None and decode_rows and not prompt_rows:
+            self.spec.observe_step(decode_rows, seconds)
 
     def _make_room(self, seq: Sequence, num_tokens: int) -> bool:
         """Blocks for `seq`'s first `num_tokens` positions, preempting the most recently

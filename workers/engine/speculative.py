@@ -11,8 +11,12 @@ target agrees with and adds the target's own next token, so a step yields 1 to k
   tokens (max_n down to min_n) are looked up in the sequence's prompt and output, the latest
   earlier occurrence wins, and the k tokens that followed it are proposed. No extra model: it
   pays on input-grounded work (repeat, rewrite, fix, extract, edit code).
-* k adapts per sequence: an exponential average of the share of proposed tokens accepted
-  sets the next k (between 1 and `num_tokens`), so a sequence whose text is not in its
+* k adapts per sequence and to the machine: each sequence keeps an average of its per-token
+  acceptance a (of the drafts checked, the share accepted), the engine reports what decode
+  steps of each row count cost, and k (0 to `num_tokens`) is the one with the most expected
+  tokens (1 + a + ... + a^k) per second of step. Where extra rows are nearly free (a few rows
+  on a bandwidth-bound step) k stays high; where each row costs compute (one core, a large
+  model) only well-accepted drafts are proposed, and a sequence whose text is not in its
   context stops paying for rows it throws away.
 * Off when compute-bound: the step's decode rows (one per stream plus the drafts) stay within
   `max_step_rows` (default 16, one GEMM tile). Draft rows share what is left after every
@@ -21,7 +25,6 @@ target agrees with and adds the target's own next token, so a step yields 1 to k
 
 from __future__ import annotations
 
-import math
 from array import array
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
@@ -30,6 +33,7 @@ METHODS = ("none", "ngram", "draft")
 DEFAULT_NUM_TOKENS = 5
 DEFAULT_MAX_STEP_ROWS = 16  # one tile of the fused step's GEMM
 EMA_WEIGHT = 0.3  # weight of the newest step in a sequence's acceptance average
+RECOVERY = 0.05  # per step without drafts: how far the average moves back towards 1
 
 
 @dataclass(frozen=True)
@@ -92,6 +96,7 @@ class SpecPolicy:
 
     def __init__(self, config: SpecConfig) -> None:
         self.config = config.check()
+        self.costs: dict[int, float] = {}  # decode rows -> seconds of such a step (EMA)
 
     def draft_rows_each(self, num_decodes: int) -> int:
         """Draft rows each of `num_decodes` decoding streams may add this step (0: off)."""
@@ -103,17 +108,54 @@ class SpecPolicy:
         c = self.config
         return ngram_propose(ids, k, c.ngram_min, c.ngram_max)
 
-    def wanted(self, acceptance: float | None) -> int:
-        """The k a sequence asks for: num_tokens until it has a record, then its acceptance
-        average times num_tokens, rounded up (at least 1)."""
-        top = self.config.num_tokens
-        if acceptance is None:
-            return top
-        return max(1, min(top, math.ceil(acceptance * top)))
+    def wanted(self, acceptance: float | None, num_decodes: int = 1, cap: int | None = None) -> int:
+        """The k a sequence asks for, at most `cap`: the one that gives the most tokens per
+        second by its acceptance and the measured step costs (`best_k`); num_tokens before
+        it has a record."""
+        top = min(self.config.num_tokens, self.config.num_tokens if cap is None else cap)
+        if acceptance is None or top < 1:
+            return max(top, 0)
+        return best_k(acceptance, top, num_decodes, self.step_cost)
+
+    def observe_step(self, rows: int, seconds: float) -> None:
+        """A step of `rows` decode rows (no prompt rows) took `seconds`: the cost table."""
+        old = self.costs.get(rows)
+        self.costs[rows] = seconds if old is None else (1 - EMA_WEIGHT) * old + EMA_WEIGHT * seconds
+
+    def step_cost(self, rows: int) -> float:
+        """The measured seconds of a decode step of `rows` rows; a size not measured yet costs
+        what the largest measured size below it does (optimistic: it gets tried, then
+        measured), 1.0 before any."""
+        if rows in self.costs:
+            return self.costs[rows]
+        below = [n for n in self.costs if n < rows]
+        return self.costs[max(below)] if below else min(self.costs.values(), default=1.0)
+
+    @staticmethod
+    def recovered(acceptance: float | None) -> float | None:
+        """A step without drafts moves the average a little towards 1, so a sequence priced
+        out of speculating tries again now and then (its text may have turned to copying)."""
+        return None if acceptance is None else acceptance + RECOVERY * (1 - acceptance)
 
     @staticmethod
     def updated(acceptance: float | None, proposed: int, accepted: int) -> float:
-        share = accepted / proposed
+        """The per-token acceptance average after a step: of the drafts checked (every one up
+        to the first rejected), the share accepted."""
+        checked = accepted + (accepted < proposed)
+        share = accepted / checked
         if acceptance is None:
             return share
         return (1 - EMA_WEIGHT) * acceptance + EMA_WEIGHT * share
+
+
+def expected_tokens(acceptance: float, k: int) -> float:
+    """Tokens a step with k drafts yields when each is accepted with probability
+    `acceptance` until the first rejection: 1 + a + ... + a^k."""
+    return sum(acceptance**i for i in range(k + 1))
+
+
+def best_k(acceptance: float, top: int, num_decodes: int, cost) -> int:
+    """The k in 0..top with the most expected tokens per second of step, every one of
+    `num_decodes` streams taking as many (`cost(rows)`: a step's seconds)."""
+    rate = [expected_tokens(acceptance, k) / cost(num_decodes * (1 + k)) for k in range(top + 1)]
+    return max(range(top + 1), key=lambda k: (rate[k], -k))

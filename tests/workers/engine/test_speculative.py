@@ -51,13 +51,25 @@ def test_config_refuses_what_cannot_run():
         SpecConfig(method="ngram", num_tokens=0).check()
 
 
-def test_k_adapts_to_acceptance_and_rows_share_one_tile():
-    policy = SpecPolicy(SpecConfig(method="ngram", num_tokens=4))
-    assert policy.wanted(None) == 4
-    low = policy.updated(None, 4, 0)
-    assert policy.wanted(low) == 1  # nothing accepted: one draft, to keep measuring
-    assert policy.wanted(policy.updated(low, 1, 1)) == 2  # recovers as drafts pass
+def test_k_follows_acceptance_and_the_measured_step_costs():
+    policy = SpecPolicy(SpecConfig(method="ngram", num_tokens=5))
+    assert policy.wanted(None) == 5  # no record yet: the most
+    assert policy.wanted(0.6) == 5  # no costs measured: rows look free
+    for rows, seconds in ((1, 0.08), (2, 0.08), (3, 0.16), (6, 0.16)):
+        policy.observe_step(rows, seconds)
+    assert policy.wanted(0.6) == 1  # 1.6 tokens per 0.08 s beats 2.3 per 0.16 s
+    assert policy.wanted(0.95) == 5  # 5.3 tokens per 0.16 s
+    assert policy.wanted(0.5, num_decodes=2, cap=2) == 0  # 2 streams: 4-6 rows cost double
+    assert policy.wanted(0.99, num_decodes=2, cap=2) == 2
+    assert policy.wanted(0.6, cap=0) == 0
     assert [policy.draft_rows_each(n) for n in (1, 4, 8, 16)] == [15, 3, 1, 0]
+
+
+def test_acceptance_counts_the_drafts_checked_and_recovers_when_idle():
+    assert SpecPolicy.updated(None, 4, 2) == 2 / 3  # 2 accepted, the 3rd rejected
+    assert SpecPolicy.updated(None, 4, 4) == 1.0
+    assert SpecPolicy.updated(None, 4, 0) == 0.0
+    assert 0.0 < SpecPolicy.recovered(0.0) < SpecPolicy.recovered(SpecPolicy.recovered(0.0))
 
 
 def _sched(spec: SpecConfig | None, seqs: int = 4, budget: int = 64, blocks: int | None = None):
@@ -98,7 +110,7 @@ def test_a_decode_carries_a_draft_and_keeps_only_accepted_rows():
     assert seq.output_ids == [7, 8, 9, 42] and seq.num_cached == seq.length - 1 == 13
     assert len(seq.block_table) == 4  # 14 positions still need 4 blocks
     assert s.spec_counts.proposed == 4 and s.spec_counts.accepted == 2
-    assert seq.acceptance == 0.5
+    assert seq.acceptance == 2 / 3
 
 
 def test_rejected_rows_free_their_blocks_and_nothing_leaks():
