@@ -65,6 +65,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 import serve  # noqa: E402
+import serve_launch
+import serve_report
 
 XPU, CPU = "xpu", "cpu"
 
@@ -84,7 +86,7 @@ def stream_device(by_seq: dict[int, str]) -> str:
 
 
 def pct(xs: list[float], q: float) -> float:
-    """Percentile in ms of seconds `xs` (0 when empty, as serve.summarize)."""
+    """Percentile in ms of seconds `xs` (0 when empty, as serve_report.summarize)."""
     return float(np.percentile(np.asarray(xs or [0.0]) * 1e3, q))
 
 
@@ -199,7 +201,7 @@ def farm_args(args: argparse.Namespace, mode: str) -> argparse.Namespace:
 def run_mode(args: argparse.Namespace, mode: str, levels: list[int], prompts: list[serve.Prompt], warm: serve.Prompt) -> dict[int, dict[str, Any]]:  # fmt: skip
     """Launch a farm with `decode_device: mode`, run every level, stop it."""
     ns, info, out, start = farm_args(args, mode), {}, {}, 0
-    with serve.launched_farm(ns, info) as url:
+    with serve_launch.launched_farm(ns, info) as url:
         wait_workers(url, args.cpu_workers or 1, args.launch_timeout)
         for c in levels:
             n = requests_at(args, c)
@@ -207,7 +209,7 @@ def run_mode(args: argparse.Namespace, mode: str, levels: list[int], prompts: li
             before = decisions(ns.metrics_url)
             recs, dur = asyncio.run(serve.bench_farm(serve.at_level(ns, c), url, batch, [0.0] * n, warm))  # fmt: skip
             dec = decisions(ns.metrics_url) - before
-            s = serve.summarize(recs, dur, ns)
+            s = serve_report.summarize(recs, dur, ns)
             s |= {"mode": mode, "concurrency": c, "decisions": dict(dec), "devices": per_device(recs, read_events(info["redis_url"], recs), dur), "steady_throughput": steady_tok_s(recs)["total"]}  # fmt: skip
             s["dispatch_log"] = dispatch_log(info["redis_url"])
             s["requests"] = [{k: v for k, v in vars(r).items() if k not in ("t_start", "t_last")} for r in recs]  # fmt: skip
@@ -244,7 +246,7 @@ def xpu_step_ms(args: argparse.Namespace, slots: int) -> float | None:
 
     try:
         prof = load_profile(args.profile)
-        scale = model_scale(serve.farm_config(farm_args(args, "xpu")).model_path(), prof)
+        scale = model_scale(serve_launch.farm_config(farm_args(args, "xpu")).model_path(), prof)
     except Exception:  # only for the header
         return None
     ctx = slots * (args.input_len + args.output_len // 2)
@@ -348,7 +350,7 @@ def main(argv: list[str] | None = None) -> None:
     most = max(sum(requests_at(args, c) for c in ls) for ls in (args.levels, args.capacity_levels))
     *prompts, warm = serve.make_prompts(args, tok, most + 1)
     date = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
-    m = serve.machine()
+    m = serve_report.machine()
     step = xpu_step_ms(args, args.xpu_slots)
     head = [
         f"# sysHAX farm, EMULATED xPU ({args.profile}) + real CPU decode workers",

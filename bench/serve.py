@@ -34,18 +34,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from serve_launch import (  # noqa: F401 - re-exported for hetero.py and structured_serve.py
-    farm_config,
-    farm_settings,
-    launched_config,
-    launched_farm,
-    launched_llama_server,
-    llama_gguf,
-    llama_server_argv,
-    llama_server_version,
-    wait_health,
-)
-from serve_report import comparison, machine, overhead, report, summarize  # noqa: F401 - re-exported
 from syshax.workers.settings import ENGINE_ALIASES
 
 from syshax.commands.renamed import with_old_names
@@ -249,6 +237,7 @@ async def bench_farm(args: argparse.Namespace, base_url: str, prompts: list[Prom
 
 
 def build_engine(args: argparse.Namespace, tok: Any) -> Any:
+    from serve_launch import farm_config
 
     cfg = farm_config(args)
     slots = args.max_batch_size or cfg.xpu.max_batch_size
@@ -321,6 +310,9 @@ def sweep(args: argparse.Namespace, prompts: list[Prompt], arrivals: list[float]
     llama-server (started after the farm stopped): never two servers at once. Level i gets
     prompts[i*N:(i+1)*N] on both servers: no prompt comes back within one server's run, so
     the farm's prefix cache cannot serve a prompt it saw at a lower level."""
+    from serve_launch import launched_farm, launched_llama_server
+    from serve_report import summarize
+
     runs: dict[str, dict[int, tuple[list[Rec], float]]] = {"farm": {}}
     n = args.num_prompts
 
@@ -425,6 +417,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from serve_launch import launched_farm
+    from serve_report import comparison, machine, overhead, report, summarize
+
     args = parse_args(argv)
     tok = load_tokenizer(args.tokenizer_model)
     # One set of --num-prompts per level, and a warm-up prompt of its own: a measured prompt

@@ -20,6 +20,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import serve  # noqa: E402 - the launcher, the prompts, the client and the summaries
+import serve_launch
+import serve_report
 
 # bench/serve.py's options that mean the same here (the rest are this script's or do not apply)
 SHARED = {"--client", "--api-key", "--model", "--endpoint", "--input-len", "--output-len", "--num-prompts", "--seed", "--tokenizer-model", "--launch", "--load", "--set", "--cpu-workers", "--max-batch-size", "--threads", "--launch-timeout", "--base-url"}  # fmt: skip
@@ -62,7 +64,7 @@ def measure(args: argparse.Namespace, url: str) -> dict[tuple[str, int], list[di
         run_args = argparse.Namespace(**(vars(args) | {"max_concurrency": c, "response_format": fmt}))  # fmt: skip
         batch = prompts[i * args.num_prompts : (i + 1) * args.num_prompts]
         recs, dur = asyncio.run(serve.bench_farm(run_args, url, batch, arrivals, warm))
-        s = serve.summarize(recs, dur, run_args)
+        s = serve_report.summarize(recs, dur, run_args)
         if s["failed"]:
             raise SystemExit(f"{s['failed']} requests failed ({fmt}, c={c}): {s['errors'][:3]}")
         out.setdefault((fmt, c), []).append(s)
@@ -91,7 +93,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.launch == "none":
         out = measure(args, args.base_url)
     else:
-        with serve.launched_farm(args) as url:
+        with serve_launch.launched_farm(args) as url:
             out = measure(args, url)
     print(table(args, out))
 
