@@ -39,6 +39,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--stop", action="append", default=[], help="stop string (repeatable); not printed"
     )
+    _engine_arguments(p)
+    p.add_argument(
+        "--stats",
+        action="store_true",
+        help="print token counts and prefill/decode speed to stderr when done",
+    )
+    p.add_argument("--no-progress", action="store_true", help="hide the model-loading progress bar")
+
+
+def _engine_arguments(p: argparse.ArgumentParser) -> None:
+    """The engine's options: device, dtype, context, CPU kernels, speculative decoding."""
     p.add_argument("--device", default="cpu", help="cpu or cuda (default: %(default)s)")
     p.add_argument(
         "--dtype", default="float32", help="float32, bfloat16 or float16 (default: %(default)s)"
@@ -48,11 +59,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help="context length to allocate (default: min(model, 2048))",
-    )
-    p.add_argument(
-        "--stats",
-        action="store_true",
-        help="print token counts and prefill/decode speed to stderr when done",
     )
     p.add_argument(
         "--quantize",
@@ -90,7 +96,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=5,
         help="most tokens proposed per step with --speculative (default: %(default)s)",
     )
-    p.add_argument("--no-progress", action="store_true", help="hide the model-loading progress bar")
 
 
 def run(args: argparse.Namespace) -> int:
