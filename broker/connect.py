@@ -21,13 +21,11 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
 
-from .embedded import EmbeddedRedisError
-
 SyncClient = redis.Redis | RedisCluster
 AsyncClient = aioredis.Redis | AsyncRedisCluster
 
 
-class ClusterNotSupported(EmbeddedRedisError):
+class ClusterNotSupported(ValueError):
     """Something that cannot run on a Redis Cluster was pointed at one (rq)."""
 
 
@@ -88,6 +86,16 @@ def require_single(url: str, what: str) -> None:
             f"{what} cannot use a Redis Cluster ({url.split('@')[-1]} reports cluster_enabled:1): "
             "set batch.redis_url to a single Redis server for the batch queue"
         )
+
+
+def batch_url(farm_url: str, configured: str | None) -> str:
+    """The Redis of the batch queue (rq) and its records: `batch.redis_url`, else the farm's
+    `redis.url` when that is a single server. Raises ClusterNotSupported for a cluster."""
+    if configured:
+        require_single(configured, "batch.redis_url: the batch queue (rq)")
+        return configured
+    require_single(farm_url, "the batch queue (rq) on redis.url")
+    return farm_url
 
 
 def address(client: Any) -> str:

@@ -8,8 +8,8 @@ each command or MULTI that touches several keys stays in one slot:
   * the farm's own keys (job streams, dead letters, worker set, dispatch log, cancel channel,
     KV lease index, ITL tails, batches): `{<prefix>}` -- XREADGROUP over several job streams
     and the handoff's MULTI (ack the prefill entry + add the decode job) need one slot;
-  * a request's keys (output stream, resume record, cancel flag, KV owner set, token
-    channel): `{<request id>}`, so requests spread over every shard;
+  * a request's keys (output stream, resume record, cancel flag, KV owner set):
+    `{<request id>}`, so requests spread over every shard;
   * a worker's heartbeat hash: `{<worker id>}`; a gateway's token channel: `{<gateway id>}`;
   * a KV lease and its bytes: `{<handle id>}`.
 On a single Redis the tags are only part of the names.
@@ -69,10 +69,6 @@ class Keys:
     decode_group: str = "workers"
 
     # ---- token delivery ----
-    def token_channel(self, request_id: str) -> str:
-        """Pub/sub channel: the fast, lossy path."""
-        return f"{self.prefix}:tokens:{{{request_id}}}"
-
     def gateway_channel(self, gateway_id: str) -> str:
         """Pub/sub channel of one gateway: a worker publishes each engine step's events of
         every request that gateway submitted as one message (the job carries `gateway`)."""

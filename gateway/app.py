@@ -49,7 +49,13 @@ def make_redis(url: str) -> aioredis.Redis:
         socket_connect_timeout=2.0,
         socket_timeout=10.0,
         retry=Retry(ExponentialBackoff(cap=0.25, base=0.05), 1),
+        # redis-py's default pool holds 100 connections and refuses the 101st ("Too many
+        # connections", a 503): 256 streams arriving at once each need one for admission.
+        max_connections=REDIS_CONNECTIONS,
     )
+
+
+REDIS_CONNECTIONS = 4096
 
 
 # Share of Redis's maxmemory past which new requests get 429: the rest is room for the tokens

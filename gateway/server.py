@@ -8,6 +8,7 @@ included) finish for up to `settings.shutdown_timeout` seconds, then runs the ap
 from __future__ import annotations
 
 import logging
+import socket
 
 import uvicorn
 from fastapi import FastAPI
@@ -65,9 +66,29 @@ def warn_if_open(settings: GatewaySettings) -> bool:
     return True
 
 
-def serve(settings: GatewaySettings, app: FastAPI | None = None, log_level: str = "info") -> None:
-    """Serve until SIGINT/SIGTERM (blocking)."""
+def serve(
+    settings: GatewaySettings,
+    app: FastAPI | None = None,
+    log_level: str = "info",
+    reuse_port: bool = False,
+) -> None:
+    """Serve until SIGINT/SIGTERM (blocking). `reuse_port`: bind with SO_REUSEPORT, so several
+    gateway processes share one port (the kernel spreads connections over them)."""
     server = uvicorn.Server(uvicorn_config(settings, app, log_level))
     warn_if_open(settings)
     log.info("gateway on http://%s:%d (model %s)", settings.host, settings.port, settings.model)
-    server.run()
+    server.run(sockets=[shared_socket(settings.host, settings.port)] if reuse_port else None)
+
+
+def shared_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound with SO_REUSEPORT: every process that binds the same address this
+    way gets its own accept queue, and Linux hashes each new connection to one of them. Each
+    gateway has its own id and channel (broker/client.py); any of them serves any resume."""
+    if not hasattr(socket, "SO_REUSEPORT"):
+        raise OSError("SO_REUSEPORT is not available on this platform")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    return sock

@@ -98,6 +98,15 @@ class RedisConfig(_Section):
     )
 
 
+class BatchConfig(_Section):
+    """offline batches (rq jobs, docs/batch.md)"""
+
+    redis_url: Text | None = Field(
+        None,
+        description="the Redis of the batch queue (rq) and the batch records; null = redis.url, which must then be a single server: rq cannot use a Redis Cluster",
+    )
+
+
 class GatewayConfig(_Section):
     """the OpenAI-compatible gateway (`conductor`, the seed's name, is read as this section)"""
 
@@ -392,6 +401,7 @@ class Config(_Section):
         "debug | info | warning | error | critical (DEBUG=1 forces debug)",
     )
     redis: RedisConfig = Field(default_factory=RedisConfig)
+    batch: BatchConfig = Field(default_factory=BatchConfig)
     gateway: GatewayConfig = Field(default_factory=GatewayConfig)
     xpu: XpuConfig = Field(default_factory=XpuConfig)
     cpu: CpuConfig = Field(default_factory=CpuConfig)

@@ -108,10 +108,13 @@ def _setup(args: argparse.Namespace):
     from syshax.shared.config import load_config, resolve_config_path
 
     cfg = load_config(args.config)
+    from syshax.broker.connect import batch_url
+
     url = farm_file.redis_url(args.redis_url, cfg, resolve_config_path(args.config), "batch")
     if not url:
         raise ValueError(farm_file.NO_FARM)
-    return cfg, url, Keys(cfg.redis.prefix)
+    # The farm's Redis may be a cluster; rq's queue needs a single server (batch.redis_url).
+    return cfg, url, batch_url(url, cfg.batch.redis_url), Keys(cfg.redis.prefix)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -121,10 +124,10 @@ def run(args: argparse.Namespace) -> int:
     from syshax.shared.config import ConfigError
 
     try:
-        cfg, url, keys = _setup(args)
+        cfg, url, rq_url, keys = _setup(args)
         if args.batch_command == "worker":
-            return _worker(args, cfg, url, keys)
-        r = redis.Redis.from_url(url)
+            return _worker(args, cfg, url, rq_url, keys)
+        r = redis.Redis.from_url(rq_url)
         return ACTIONS[args.batch_command](args, cfg, r, keys)
     except (ConfigError, ValueError, OSError) as exc:
         print(f"syshax batch: error: {exc}", file=sys.stderr)
@@ -270,7 +273,8 @@ ACTIONS = {
 
 
 # ---- the worker ------------------------------------------------------------------------------
-def _worker(args, cfg, url: str, keys) -> int:
+def _worker(args, cfg, url: str, rq_url: str, keys) -> int:
+    """rq workers on `rq_url` whose jobs run on the farm at `url`."""
     import redis
 
     from syshax.shared.logs import apply_log_level
@@ -287,7 +291,7 @@ def _worker(args, cfg, url: str, keys) -> int:
         raise ValueError("--concurrency must be at least 1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # we fork after loading it
     jobs.set_client(FarmClient.from_settings(settings_from_config(cfg, url)))
-    r = redis.Redis.from_url(url)
+    r = redis.Redis.from_url(rq_url)
     queue = batches.batch_queue(r, keys)
     scheduler = RQScheduler(
         [queue], connection=r, logging_level=logging.WARNING, serializer=jobs.SERIALIZER
@@ -302,7 +306,7 @@ def _worker(args, cfg, url: str, keys) -> int:
         Child(
             f"rq-worker-{i}",
             target=_work,
-            args=(url, keys.batch_queue, args),
+            args=(rq_url, keys.batch_queue, args),
             stop_steps=steps,
             restart_on_success=not args.burst,  # burst: exit 0 = the queue is empty
         )

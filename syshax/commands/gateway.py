@@ -82,6 +82,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "from the config, 30)",
     )
     opt(
+        "--reuse-port",
+        action="store_true",
+        help="bind with SO_REUSEPORT so several gateway processes share one port (Linux spreads "
+        "the connections over them; any of them serves any resume); docs/operations.md, "
+        "Scaling out",
+    )
+    opt(
         "--log-level",
         default=None,
         choices=["critical", "error", "warning", "info", "debug"],
@@ -147,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
         warning = open_redis_warning(settings.redis_url)
         if warning:
             logging.getLogger("syshax.gateway").warning("%s", warning)
-        serve(settings, log_level=level)
+        serve(settings, log_level=level, reuse_port=args.reuse_port)
     except KeyboardInterrupt:  # uvicorn re-raises SIGINT after its graceful shutdown
         return 0
     except (ConfigError, TokenizerError, FileNotFoundError, ValueError) as exc:

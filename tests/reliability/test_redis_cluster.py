@@ -80,7 +80,7 @@ def test_a_primary_killed_mid_stream_fails_over_with_every_stream_exact(tmp_path
             # A stream that is running: its output stream has entries and no end yet.
             for rid in _output_ids(farm):
                 events = farm.events(rid)
-                if 5 <= len(events) and events[-1].finish_reason is None:
+                if len(events) >= 5 and events[-1].finish_reason is None:
                     victim = cluster.primary_of(KEYS.output_stream(rid))
                     break
         assert victim is not None, "no stream was seen running"
@@ -104,3 +104,22 @@ def _output_ids(farm: ProcFarm) -> list[str]:
         key = key.decode()
         ids.append(key[len(prefix) + 1 : -1])
     return ids
+
+
+def test_clients_find_the_cluster_and_rq_refuses_it(redis_url):
+    """A cluster node's URL gives the cluster clients; rq (the batch queue) is refused one with
+    a message naming batch.redis_url, and takes a single server there."""
+    from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+    from redis.cluster import RedisCluster
+    from syshax.broker.connect import ClusterNotSupported, async_client, batch_url, sync_client
+
+    with LocalCluster() as cluster:
+        assert isinstance(sync_client(cluster.url), RedisCluster)
+        assert isinstance(async_client(cluster.url), AsyncRedisCluster)
+        with pytest.raises(ClusterNotSupported, match="batch.redis_url"):
+            batch_url(cluster.url, None)
+        with pytest.raises(ClusterNotSupported, match="batch.redis_url"):
+            batch_url(redis_url, cluster.url)
+        assert batch_url(cluster.url, redis_url) == redis_url
+    assert batch_url(redis_url, None) == redis_url
+    assert not isinstance(sync_client(redis_url), RedisCluster)

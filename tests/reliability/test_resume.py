@@ -22,11 +22,17 @@ OUTPUT_TTL = 3  # seconds: output.ttl of this farm (production default: 600)
 def farm(tmp_path_factory) -> Iterator[ProcFarm]:
     farm = ProcFarm(tmp_path_factory.mktemp("resume"), output_ttl=OUTPUT_TTL)
     try:
-        farm.start_gateway("gateway", "--disconnect-grace", "3")
+        farm.start_gateway("gateway", "--disconnect-grace", "3", "--reuse-port")
+        # A twin on the same port (SO_REUSEPORT), and one on a port of its own: a resume
+        # served by a gateway that did not submit the request follows its output stream.
+        port = farm.gateways["gateway"]
+        farm.start_gateway("twin", "--disconnect-grace", "3", "--reuse-port", port=port)
+        farm.start_gateway("other", "--disconnect-grace", "3")
         farm.start_worker("xpu", roles="prefill", device_class="xpu")
         farm.start_worker("d1", step_delay=0.05)
         farm.wait_registered(["xpu", "d1"])
-        farm.wait_healthy()
+        for gateway in ("gateway", "other"):
+            farm.wait_healthy(gateway)
         yield farm
     finally:
         farm.stop()
@@ -47,7 +53,8 @@ def content(data: str) -> str:
     return "".join(c.get("delta", {}).get("content") or "" for c in chunk.get("choices", []))
 
 
-def test_reconnect_with_last_event_id_gets_the_rest_exactly(farm, tokenizer):
+@pytest.mark.parametrize("resume_on", ["gateway", "other"])
+def test_reconnect_with_last_event_id_gets_the_rest_exactly(farm, tokenizer, resume_on):
     body = {
         "model": MODEL,
         "messages": messages(1),
@@ -67,7 +74,7 @@ def test_reconnect_with_last_event_id_gets_the_rest_exactly(farm, tokenizer):
     rid = last_id.rpartition(":")[0]
     assert int(last_id.rpartition(":")[2]) >= 10
     rest, done, usage = [], 0, None
-    url = f"{farm.url()}/v1/requests/{rid}/stream"
+    url = f"{farm.url(resume_on)}/v1/requests/{rid}/stream"
     with httpx.stream("GET", url, headers={"Last-Event-ID": last_id}, timeout=30) as r:
         assert r.status_code == 200
         for _, data in parse(r.iter_lines()):
@@ -100,3 +107,16 @@ def test_output_expires_after_output_ttl_then_resume_is_404(farm, tokenizer):
     gone = httpx.get(f"{farm.url()}/v1/requests/{rid}/stream", timeout=10)
     assert gone.status_code == 404, gone.text[:300]
     assert gone.json()["error"]["code"] == "request_not_found"
+
+
+def test_gateways_sharing_a_port_both_serve(farm, tokenizer):
+    """Two gateway processes bound to one port with --reuse-port: the kernel spreads the
+    connections, so both subscribe their own channel, and every stream is exact."""
+    client = farm.client()
+    for i in range(16):
+        resp = client.chat.completions.create(
+            model=MODEL, messages=messages(10 + i), max_tokens=4, temperature=0
+        )
+        assert resp.choices[0].message.content == expected_text(tokenizer, messages(10 + i), 4)
+    channels = farm.r.pubsub_channels(KEYS.gateway_channel("*"))
+    assert len(channels) >= 2, channels
