@@ -108,6 +108,7 @@ def _oracle(engine: Engine, expected: list[int]) -> None:
         return [t if (len(ids) + i) % 3 else t + 1 for i, t in enumerate(draft)]
 
     engine.scheduler.spec.propose = propose
+    engine.scheduler.spec.step_cost = lambda rows: 1.0  # rows priced flat: k stays at its most
 
 
 def _tokens(engine: Engine, params: SamplingParams, rid: str = "g") -> list[int]:
@@ -157,3 +158,55 @@ def test_a_handed_off_sequence_speculates_on_to_the_plain_tokens(tiny_models):
         got += [o.token_id for o in dst.step()]
     assert got == plain and dst.stats.spec.accepted > 0
     assert dst.scheduler.blocks.num_free == dst.scheduler.blocks.num_blocks
+
+
+# ---- the real model, real n-gram proposals --------------------------------------------------
+
+COPY = (
+    "Repeat this list exactly, one item per line: red apples, green pears, yellow bananas, "
+    "purple grapes, orange carrots, white onions, brown potatoes, black olives."
+)
+
+
+@pytest.fixture(scope="module")
+def smollm2_pair():
+    kw = dict(quantize="stored", op_mode="fused", max_model_len=512, max_num_seqs=2, progress=False)  # fmt: skip
+    spec = SpecConfig(method="ngram", num_tokens=5)
+    return Engine(None, **kw), Engine(None, speculative=spec, **kw)
+
+
+def _texts(engine: Engine, params: SamplingParams, messages) -> tuple[list[int], str]:
+    prompt = engine.tokenizer.encode_chat(messages)
+    outs = list(engine.generate(prompt, params, request_id=f"r{id(params)}"))
+    return [o.token_id for o in outs], "".join(o.text for o in outs)
+
+
+@pytest.mark.slow
+def test_smollm2_greedy_copy_with_ngram_speculation_gives_the_plain_text(smollm2_pair):
+    plain, spec = smollm2_pair
+    messages = [{"role": "user", "content": COPY}]
+    params = SamplingParams(max_tokens=48, temperature=0)
+    assert _texts(spec, params, messages) == _texts(plain, params, messages)
+    assert spec.stats.spec.accepted > 10 and spec.stats.spec.tokens_per_step > 1.5
+    stop = SamplingParams(max_tokens=48, temperature=0, stop=["grapes"])
+    ids, text = _texts(spec, stop, messages)
+    assert (ids, text) == _texts(plain, stop, messages) and "grapes" not in text
+    assert spec.scheduler.blocks.num_free == spec.scheduler.blocks.num_blocks
+
+
+@pytest.mark.slow
+def test_smollm2_grammar_constrained_speculation_gives_the_plain_json(smollm2_pair):
+    plain, spec = smollm2_pair
+    schema = {
+        "type": "object",
+        "properties": {"items": {"type": "array", "items": {"type": "string"}}},
+        "required": ["items"],
+    }
+    messages = [{"role": "user", "content": COPY + " Answer as JSON with a list 'items'."}]
+    params = SamplingParams(
+        max_tokens=60, temperature=0, structured={"kind": "json_schema", "schema": schema}
+    )
+    before = spec.stats.spec.accepted
+    ids, text = _texts(spec, params, messages)
+    assert (ids, text) == _texts(plain, params, messages)
+    assert spec.stats.spec.accepted > before  # drafts passed the grammar and the model
