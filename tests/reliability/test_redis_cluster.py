@@ -121,5 +121,20 @@ def test_clients_find_the_cluster_and_rq_refuses_it(redis_url):
         with pytest.raises(ClusterNotSupported, match="batch.redis_url"):
             batch_url(redis_url, cluster.url)
         assert batch_url(cluster.url, redis_url) == redis_url
+        # The batch client reads the output streams of a request's choices (ids in several
+        # slots) with one XREAD per slot on a cluster.
+        from syshax.broker import farm_io
+        from syshax.broker.schemas import TokenEvent, pack_events
+
+        rc = sync_client(cluster.url)
+        ids = ["req-a", "req-b", "req-c"]
+        assert len({cluster.primary_of(KEYS.output_stream(i)) for i in ids}) > 1
+        for i in ids:
+            evs = [TokenEvent(request_id=i, seq=s).pack() for s in range(2)]
+            rc.xadd(KEYS.output_stream(i), {"b": pack_events(evs)})
+        got = farm_io.read_outputs(rc, {KEYS.output_stream(i): "0" for i in ids}, 100)
+        seqs = {stream: [ev.seq for _, ev in entries] for stream, entries in got}
+        assert seqs == {KEYS.output_stream(i): [0, 1] for i in ids}
+        rc.close()
     assert batch_url(redis_url, None) == redis_url
     assert not isinstance(sync_client(redis_url), RedisCluster)
