@@ -175,6 +175,13 @@ def _cell(v, fmt: str) -> str:
     return "-" if v is None else format(v, fmt)
 
 
+def _pm(v, err, fmt: str, err_fmt: str) -> str:
+    """`v±err`, or a dash padded to the width when there is no value (the base's KLD)."""
+    if v is None:
+        return format("-", f">{len(format(0.0, fmt)) + 1 + len(format(0.0, err_fmt))}")
+    return f"{format(v, fmt)}±{format(err, err_fmt)}"
+
+
 def table(rows: list[tuple[str, dict, dict | None]]) -> str:
     """Side by side: ours / llama.cpp's per figure, and our KLD over theirs."""
     head = (
@@ -186,10 +193,10 @@ def table(rows: list[tuple[str, dict, dict | None]]) -> str:
         ll = ll or {}
         ratio = o["kld"] / ll["kld"] if o.get("kld") and ll.get("kld") else None
         lines.append(
-            f"{name:8} {o['ppl']:9.4f}±{o['ppl_err']:<6.3f} "
-            f"{_cell(ll.get('ppl'), '9.4f')}±{_cell(ll.get('ppl_err'), '<6.3f')} "
-            f"{_cell(o.get('kld'), '9.6f')}±{_cell(o.get('kld_err'), '<7.5f')} "
-            f"{_cell(ll.get('kld'), '9.6f')}±{_cell(ll.get('kld_err'), '<7.5f')} "
+            f"{name:8} {_pm(o['ppl'], o['ppl_err'], '9.4f', '<6.3f')} "
+            f"{_pm(ll.get('ppl'), ll.get('ppl_err'), '9.4f', '<6.3f')} "
+            f"{_pm(o.get('kld'), o.get('kld_err'), '9.6f', '<7.5f')} "
+            f"{_pm(ll.get('kld'), ll.get('kld_err'), '9.6f', '<7.5f')} "
             f"{_cell(o.get('same_top'), '6.2f')}/{_cell(ll.get('same_top'), '<6.2f')} "
             f"{_cell(o.get('rms_dp'), '6.3f')}/{_cell(ll.get('rms_dp'), '<6.3f')} "
             f"{_cell(ratio, '9.3f')}"
