@@ -74,11 +74,15 @@ def quantized(base: Path, qtype: str, threads: int, bin_dir: Path) -> Path:
     return dst
 
 
-def ours(model: Path, text: Path, ctx: int, threads: int, logits: Path, base: bool) -> dict:
-    """`syshax eval perplexity` on `model` (its CPU default: native blocks, fused step)."""
+def ours(
+    model: Path, text: Path, ctx: int, threads: int, logits: Path, base: bool, *extra: str
+) -> dict:
+    """`syshax eval perplexity` on `model` (its CPU default: native blocks, fused step, unless
+    `extra` options say otherwise)."""
     flag = "--save-logits" if base else "--kl-base"
     cmd = [sys.executable, "-m", "syshax.cli", "eval", "perplexity", "--model", str(model)]
     cmd += ["--text", str(text), "--ctx", str(ctx), "--threads", str(threads), flag, str(logits)]
+    cmd += extra
     out = subprocess.run(cmd + ["--json", "--no-progress"], check=True, capture_output=True)
     r = json.loads(out.stdout.decode().strip().splitlines()[-1])
     kl = r.get("kl") or {}
@@ -155,19 +159,24 @@ def llama_logits_file(model: Path, text: Path, ctx: int, threads: int, out: Path
 
 
 def cross(models: dict[str, Path], args: argparse.Namespace) -> list[str]:
-    """Per type: KL(llama.cpp's predictions || ours) on the same file and text."""
+    """Per type: KL(llama.cpp's predictions || ours) on the same file and text, for our
+    default (8-bit activations into the quantized GEMM, fp16 KV) and for our float path (the
+    same weights dequantized, float activations and KV): how much of the gap is rounding of
+    activations."""
     lines = ["", "same file, llama.cpp (llama-cpp-python) as the base, ours compared:"]
+    paths = {"fused": (), "float": ("--quantize", "none", "--op-mode", "none")}
     for name, model in models.items():
         ref = args.cache / f"cross.{name}.logp"
         try:
             llama_logits_file(model, args.text, args.ctx, args.threads, ref)
-            o = ours(model, args.text, args.ctx, args.threads, ref, base=False)
+            for path, extra in paths.items():
+                o = ours(model, args.text, args.ctx, args.threads, ref, False, *extra)
+                lines.append(
+                    f"{name:8} ours {path:5}: KLD {o['kld']:.6f} ± {o['kld_err']:.6f}, "
+                    f"same top {o['same_top']:.2f} %, RMS dp {o['rms_dp']:.3f} %"
+                )
         finally:
             ref.unlink(missing_ok=True)
-        lines.append(
-            f"{name:8} KLD {o['kld']:.6f} ± {o['kld_err']:.6f}, same top {o['same_top']:.2f} %, "
-            f"RMS dp {o['rms_dp']:.3f} %"
-        )
     return lines
 
 

@@ -11,6 +11,8 @@ import pytest
 
 from syshax.cli import main
 
+from ..lightness import assert_loads_without
+
 TEXT = Path(__file__).parents[1] / "data" / "cc0-1.0.txt"
 
 
@@ -59,3 +61,13 @@ def test_what_cannot_be_scored_is_a_clear_error(capsys, short_text, tmp_path):
     assert rc == 2 and "not a file written by --save-logits" in capsys.readouterr().err
     rc = main(["eval", "perplexity", "--no-progress", "--text", str(tmp_path / "missing.txt")])
     assert rc == 2 and "missing.txt" in capsys.readouterr().err
+
+
+def test_help_explains_every_option_without_loading_torch(capsys):
+    with pytest.raises(SystemExit):
+        main(["eval", "perplexity", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for option in ("--model", "--text", "--ctx", "--save-logits", "--kl-base", "--json"):
+        assert option in text
+    assert "second half of each chunk" in text and "KL divergence" in text
+    assert_loads_without("from syshax.cli import build_parser; build_parser()", ("torch", "numpy"))
