@@ -31,6 +31,8 @@ class ApiSettings:
     redis_url: str = "redis://127.0.0.1:6379/0"
     key_prefix: str = _CFG.redis.prefix
     limits: LimitsConfig = field(default_factory=LimitsConfig)  # per-request bounds
+    jobs: str = _CFG.broker.jobs  # where prefill jobs are queued: redis | amqp
+    amqp_url: str = ""  # broker.amqp_url ("": RabbitMQ's default local URL)
 
     @classmethod
     def from_config(cls, cfg: Config, redis_url: str | None = None) -> ApiSettings:
@@ -45,6 +47,8 @@ class ApiSettings:
             redis_url=redis_url or cfg.redis.url or "",
             key_prefix=cfg.redis.prefix,
             limits=cfg.limits,
+            jobs=cfg.broker.jobs,
+            amqp_url=cfg.broker.amqp_url or "",
         )
 
     def model_path(self) -> Path:

@@ -65,18 +65,21 @@ def hand_over_choice(
 
 
 def open_choices(
-    r: redis.Redis, keys: Keys, request_id: str, ids: list[str]
+    r: redis.Redis, keys: Keys, request_id: str, ids: list[str], reclaimed: bool = False
 ) -> tuple[set[str], set[int]]:
     """(the choice ids cancelled, the choice indices already handed off) of a request with the
-    choice ids `ids`, in one round trip: what a worker taking its prefill job must not serve."""
+    choice ids `ids`, in one round trip: what a worker taking its prefill job must not serve.
+    A request of one choice has a mark only from a RabbitMQ handoff (amqp_jobs.py), read
+    when its job is `reclaimed` (redelivered)."""
+    marks = len(ids) > 1 or reclaimed
     pipe = r.pipeline(transaction=False)
     for cid in ids:
         pipe.exists(keys.cancel_flag(cid))
-    if len(ids) > 1:
+    if marks:
         pipe.smembers(keys.handed_off(request_id))
     replies = pipe.execute()
     cancelled = {cid for cid, hit in zip(ids, replies, strict=False) if hit}
-    handed = {int(i) for i in replies[len(ids)]} if len(ids) > 1 else set()
+    handed = {int(i) for i in replies[len(ids)]} if marks else set()
     return cancelled, handed
 
 

@@ -28,6 +28,7 @@ from redis.exceptions import RedisError, ResponseError
 
 from . import itl_tails
 from .connect import AsyncSubscriber, clustered
+from .job_transport import AsyncJobs
 from .keys import KEYS, Keys
 from .liveness import is_alive
 from .request_info import RequestInfo
@@ -49,8 +50,10 @@ class BrokerClient:
         keys: Keys = KEYS,
         output_ttl: int = 600,
         poll_interval: float = 0.5,
+        jobs: AsyncJobs | None = None,
     ) -> None:
         self.redis = redis
+        self.jobs = jobs  # RabbitMQ's job queues (broker.jobs amqp); None: the Redis streams
         self.keys = keys
         self.requests = RequestInfo(redis, keys)  # the resume record of each request
         self.output_ttl = output_ttl
@@ -76,6 +79,9 @@ class BrokerClient:
             with contextlib.suppress(asyncio.TimeoutError):
                 # The stream covers anything pub/sub misses, so never wait forever.
                 await asyncio.wait_for(ready.wait(), SUBSCRIBE_WAIT)
+        if self.jobs is not None:
+            await self.jobs.submit(self.keys.prefill_stream, job.pack())
+            return
         await self.redis.xadd(self.keys.prefill_stream, {"j": job.pack()})
 
     async def _waiting(self, stream: str, group: str) -> int:
@@ -124,6 +130,8 @@ class BrokerClient:
         return self._memory[1]
 
     async def prefill_queue_depth(self) -> int:
+        if self.jobs is not None:
+            return await self.jobs.depth(self.keys.prefill_stream)
         return await self._waiting(self.keys.prefill_stream, self.keys.prefill_group)
 
     async def decode_queue_depth(self, device_class: str) -> int:
@@ -293,6 +301,8 @@ class BrokerClient:
         if self._pubsub is not None:
             with contextlib.suppress(RedisError, OSError):
                 await self._pubsub.aclose()
+        if self.jobs is not None:
+            await self.jobs.aclose()
 
 
 def _events(request_id: str, entries: list | None) -> list[tuple[str, TokenEvent]]:

@@ -167,6 +167,12 @@ class WorkQueues:
         pipe.xdel(entry.stream, entry.entry_id)
         pipe.execute()
 
+    def hand_over_choice(self, stream: str, data: bytes, **choice) -> None:
+        """choices.hand_over_choice on these streams (job_transport.JobQueue's method)."""
+        from .choices import hand_over_choice
+
+        hand_over_choice(self, stream, data, **choice)
+
     def requeue(self, entry: Entry) -> None:
         """Put `entry` back, unchanged, at the end of its own stream (a draining worker's
         unfinished job): the same one MULTI as a handoff."""
@@ -359,7 +365,9 @@ def record_dispatch(
 
 
 def live_workers(r: redis.Redis, keys: Keys = KEYS) -> list[dict[str, str]]:
-    """Heartbeats of the workers alive now (`liveness.is_alive`); prunes ids whose hash expired."""
+    """Heartbeats of the workers alive now (`liveness.is_alive`); prunes ids whose hash expired.
+    Keys of one model of a farm of several (`keys.model`): only the workers serving it, so a
+    worker's claims, dispatch and capacity are its own model's."""
     ids = [_s(i) for i in r.smembers(keys.workers)]
     if not ids:
         return []
@@ -376,6 +384,8 @@ def live_workers(r: redis.Redis, keys: Keys = KEYS) -> list[dict[str, str]]:
             dead.append(wid)
     if dead:
         r.srem(keys.workers, *dead)
+    if keys.model:
+        return [w for w in alive if w.get("model") == keys.model]
     return alive
 
 

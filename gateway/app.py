@@ -26,6 +26,7 @@ from syshax.api.schemas import ChatCompletionRequest, CompletionRequest
 from syshax.api.tokenize import DetokenizeRequest, TokenizeRequest, detokenize, tokenize
 from syshax.broker.client import BrokerClient
 from syshax.broker.connect import async_client
+from syshax.broker.job_transport import AsyncJobs
 from syshax.broker.keys import DEVICE_CLASSES, Keys
 from syshax.shared.tokenizer import Tokenizer
 
@@ -83,7 +84,8 @@ class Gateway:
     async def start(self) -> None:
         self.redis = self._given_redis or make_redis(self.settings.redis_url)
         s = self.settings
-        self.broker = BrokerClient(self.redis, self.keys, s.output_ttl, s.poll_interval)
+        jobs = AsyncJobs(self.keys, s.amqp_url) if s.jobs == "amqp" else None
+        self.broker = BrokerClient(self.redis, self.keys, s.output_ttl, s.poll_interval, jobs)
         self._tails_task = asyncio.get_running_loop().create_task(self._publish_itl_tails())
 
     async def _publish_itl_tails(self) -> None:

@@ -26,6 +26,7 @@ from pydantic.fields import FieldInfo
 
 from .config_sections import (
     BatchConfig,
+    BrokerConfig,
     CpuConfig,
     DecodeDevice,
     DType,
@@ -130,6 +131,7 @@ class Config(_Section):
     )
     redis: RedisConfig = Field(default_factory=RedisConfig)
     batch: BatchConfig = Field(default_factory=BatchConfig)
+    broker: BrokerConfig = Field(default_factory=BrokerConfig)
     gateway: GatewayConfig = Field(default_factory=GatewayConfig)
     xpu: XpuConfig = Field(default_factory=XpuConfig)
     cpu: CpuConfig = Field(default_factory=CpuConfig)

@@ -82,6 +82,22 @@ class BatchConfig(_Section):
     )
 
 
+JobTransport = Literal["redis", "amqp"]
+
+
+class BrokerConfig(_Section):
+    """where the farm's job queues live (docs/operations.md, Scaling out)"""
+
+    jobs: JobTransport = Field(
+        "redis",
+        description="transport of the prefill and decode job queues: redis = Redis streams; amqp = RabbitMQ quorum queues at broker.amqp_url (replicated through Raft before a job is confirmed); batch prompts, tokens, KV caches and request state stay on Redis either way",
+    )
+    amqp_url: Text | None = Field(
+        None,
+        description="RabbitMQ URL for broker.jobs amqp: amqp://user:password@host:port/vhost (amqps:// for TLS); null = amqp://guest:guest@127.0.0.1:5672/",
+    )
+
+
 class GatewayConfig(_Section):
     """the OpenAI-compatible gateway (`conductor`, the seed's name, is read as this section)"""
 

@@ -28,7 +28,7 @@ from typing import Any
 
 from syshax.broker.connect import sync_client
 from syshax.broker.embedded import EmbeddedRedis, free_port
-from syshax.broker.keys import KEYS
+from syshax.broker.keys import Keys
 from syshax.shared.config import Config, save_config
 
 GATEWAY_GRACE, WORKER_GRACE = 15.0, 30.0  # seconds a stopped process gets before SIGKILL
@@ -138,11 +138,11 @@ class LocalFarm:
 
     def wait_registered(self, names: list[str], timeout: float = 60) -> None:
         """Until every named worker has written its heartbeat."""
-        end = time.monotonic() + timeout
+        end, keys = time.monotonic() + timeout, Keys(self.cfg.redis.prefix)
         while time.monotonic() < end:
             self._check_alive(names)
             with contextlib.suppress(Exception):
-                if all(self.r.exists(KEYS.worker(n)) for n in names):
+                if all(self.r.exists(keys.worker(n)) for n in names):
                     return
             time.sleep(0.05)
         raise FarmError(f"workers {names} did not register within {timeout:.0f} s")

@@ -22,7 +22,7 @@ import openai
 import redis
 from syshax.broker.connect import sync_client
 from syshax.broker.embedded import EmbeddedRedis
-from syshax.broker.keys import DEVICE_CLASSES, KEYS
+from syshax.broker.keys import DEVICE_CLASSES, Keys
 from syshax.broker.kv_store import KVStore
 from syshax.broker.schemas import TokenEvent, entry_events
 from syshax.shared.config import Config
@@ -46,6 +46,9 @@ def farm_config(**options: Any) -> Config:
     cfg.slo.itl_ms = options.pop("slo_itl_ms", None)
     cfg.xpu.engine = options.pop("xpu_engine", "native")
     cfg.xpu.profile = options.pop("xpu_profile", "h100")
+    cfg.redis.prefix = options.pop("prefix", cfg.redis.prefix)  # also the RabbitMQ queues'
+    cfg.broker.jobs = options.pop("jobs", "redis")
+    cfg.broker.amqp_url = options.pop("amqp_url", None)
     assert not options, f"unknown farm options {options}"
     return cfg
 
@@ -61,6 +64,7 @@ class ProcFarm(LocalFarm):
         if server is not None:
             self.redis = server
         self.tmp = tmp
+        self.keys = Keys(self.cfg.redis.prefix)
         self.shm_before = set(glob.glob("/dev/shm/syshax-kv-*"))  # other runs' are not ours
 
     def __enter__(self) -> ProcFarm:
@@ -104,21 +108,21 @@ class ProcFarm(LocalFarm):
         """Everything a finished farm must not hold: KV leases (and shm segments), stream
         entries (waiting or pending), running or waiting sequences and held KV blocks on live
         workers."""
-        streams = [KEYS.prefill_stream] + [KEYS.decode_stream(c) for c in DEVICE_CLASSES]
+        streams = [self.keys.prefill_stream] + [self.keys.decode_stream(c) for c in DEVICE_CLASSES]
         entries, pending = {}, {}
         for s in streams:
             entries[s] = self.r.xlen(s)
             with contextlib.suppress(redis.ResponseError):
-                pending[s] = self.r.xpending(s, KEYS.decode_group)["pending"]
+                pending[s] = self.r.xpending(s, self.keys.decode_group)["pending"]
         busy = {}
-        for wid in self.r.smembers(KEYS.workers):
-            h = self.r.hgetall(KEYS.worker(wid.decode()))
+        for wid in self.r.smembers(self.keys.workers):
+            h = self.r.hgetall(self.keys.worker(wid.decode()))
             if h:
                 busy[wid.decode()] = sum(
                     int(h.get(k, 0)) for k in (b"running", b"waiting", b"kv_blocks_held")
                 )
         return {
-            "leases": KVStore(self.r).stats(),
+            "leases": KVStore(self.r, self.keys).stats(),
             "shm": sorted(set(glob.glob("/dev/shm/syshax-kv-*")) - self.shm_before),
             "entries": sum(entries.values()),
             "pending": sum(pending.values()),
@@ -135,7 +139,7 @@ class ProcFarm(LocalFarm):
         return left
 
     def events(self, request_id: str) -> list[TokenEvent]:
-        rows = self.r.xrange(KEYS.output_stream(request_id))
+        rows = self.r.xrange(self.keys.output_stream(request_id))
         return [ev for _, fields in rows for ev in entry_events(fields)]
 
     # ---- Redis -----------------------------------------------------------------------------

@@ -19,10 +19,11 @@ import time
 import redis
 from syshax.broker import choices
 from syshax.broker.dispatcher import Decision, Dispatcher
+from syshax.broker.job_transport import JobQueue
 from syshax.broker.keys import Keys
 from syshax.broker.kv_store import KVStore
 from syshax.broker.schemas import DecodeJob, RequestPart
-from syshax.broker.worker_io import Entry, WorkQueues, record_dispatch
+from syshax.broker.worker_io import Entry, record_dispatch
 
 from .engine.errors import EngineError
 from .engine.protocol import EngineProtocol
@@ -57,9 +58,9 @@ class Handoff:
         self.farm, self.metrics = farm, metrics
         # The prompts alone, read into a handoff slot while the decode slots are full: only a
         # worker that prefills and decodes and has handoff slots (WorkerOptions.handoff_slots).
-        self.ahead: WorkQueues | None = None
+        self.ahead: JobQueue | None = None
         if opts.handoff_slots > 0 and {"prefill", "decode"} <= opts.roles:
-            self.ahead = WorkQueues(r, [keys.prefill_stream], opts.worker_id, keys)
+            self.ahead = streams.jobs.queues([keys.prefill_stream])
         self.loads_checked_at = 0.0  # LOAD_CHECK_S
 
     # ---- a sequence just prefilled ------------------------------------------------------
@@ -142,8 +143,8 @@ class Handoff:
                 if claim.part_stored
                 else RequestPart(prompt_ids=msg.prompt_ids, params=msg.params)
             )
-            choices.hand_over_choice(
-                self.streams.work, stream, data,
+            self.streams.work.hand_over_choice(
+                stream, data,
                 request_id=msg.request_id, choice=job.choice, ttl=choices.part_ttl(msg.deadline),
                 part=part, last=claim.entry if claim.is_last(rid) else None,
             )  # fmt: skip

@@ -96,7 +96,9 @@ class Intake:
     def _prefill(self, entry: Entry, msg: PrefillJob, params: SamplingParams | None) -> Taken:
         assert params is not None
         ids = msg.choice_ids()
-        cancelled, handed = choices.open_choices(self.r, self.keys, msg.request_id, ids)
+        cancelled, handed = choices.open_choices(
+            self.r, self.keys, msg.request_id, ids, entry.reclaimed
+        )
         claim = Claim(entry, set())
         jobs = []
         for i, cid in enumerate(ids):

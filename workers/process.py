@@ -112,8 +112,9 @@ def serve(
         try:
             if worker is not None:
                 worker.cancels.close()  # the lost connection's pub/sub
+                worker.streams.close()  # RabbitMQ redelivers the jobs it held
             worker = None
-            worker = Worker(engine, r, opts, dispatcher, Keys(s.config.redis.prefix), metrics)
+            worker = Worker(engine, r, opts, dispatcher, Keys(s.config.redis.prefix, s.stream_model), metrics)
             connected_at = time.monotonic()
             log.info("worker %s ready: %s", s.worker_id, ready_line(s))
             worker.serve(stop, drain_timeout=drain_timeout)
@@ -142,6 +143,8 @@ def worker_options(s: WorkerSettings):
         kv_ttl=s.config.kv.ttl,
         output_ttl=s.config.output.ttl,
         handoff_slots=s.handoff_slots,
+        jobs=s.config.broker.jobs,
+        amqp_url=s.config.broker.amqp_url or "",
     )
     if s.heartbeat_ttl is not None:
         opts.heartbeat_ttl = s.heartbeat_ttl

@@ -68,3 +68,5 @@ class WorkerOptions:
     claim_s: float = 2.0
     sweep_s: float = 5.0
     block_ms: int = 100
+    jobs: str = "redis"  # broker.jobs: where the job queues live (redis | amqp)
+    amqp_url: str = ""  # broker.amqp_url ("": RabbitMQ's default local URL)

@@ -13,7 +13,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import pytest
-from syshax.broker.keys import KEYS
 
 from ..farm_procs import HEARTBEAT_TTL, ProcFarm
 from .conftest import expected_text, messages
@@ -72,7 +71,7 @@ class Killer(threading.Thread):
     def victim(self) -> str | None:
         busy = []
         for name in self.farm.worker_names():
-            h = self.farm.r.hgetall(KEYS.worker(name))
+            h = self.farm.r.hgetall(self.farm.keys.worker(name))
             if name.startswith("cpu") and h and int(h.get(b"running", 0)) > 0:
                 busy.append(name)
         return self.rng.choice(sorted(busy)) if busy else None

@@ -1,0 +1,136 @@
+"""The seam between the farm and where its job queues live (`broker.jobs`).
+
+`JobQueue` is what a worker does with a set of job queues: Redis streams (worker_io.WorkQueues,
+today's code) or RabbitMQ quorum queues (amqp_jobs.AmqpQueues). `WorkerJobs` opens them for
+one worker; `AsyncJobs` is the gateway's side (submitting prefill jobs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from typing import Protocol
+
+import redis
+
+from .keys import Keys
+from .schemas import RequestPart
+from .worker_io import CLAIM_MIN_IDLE_MS, Entry, WorkQueues
+
+TRANSPORTS = ("redis", "amqp")
+
+
+class JobQueue(Protocol):
+    """Some job queues one worker consumes (the Redis streams' names for both transports)."""
+
+    streams: list[str]
+    consumer: str
+    keys: Keys
+
+    def ensure_groups(self) -> None: ...
+    def read(self, count: int, block_ms: int | None) -> list[Entry]: ...
+    def own_pending(self, count: int = 1000) -> list[Entry]: ...
+    def lost_own(self, known: set[str], min_idle_ms: int = CLAIM_MIN_IDLE_MS) -> list[Entry]: ...
+    def claim_orphans(self, live_consumers: set[str], count: int) -> list[Entry]: ...
+    def ack(self, entry: Entry) -> None: ...
+    def hand_over(self, entry: Entry, stream: str, data: bytes) -> None: ...
+    def requeue(self, entry: Entry) -> None: ...
+    def dead_letter(self, entry: Entry, reason: str) -> None: ...
+
+    def hand_over_choice(
+        self,
+        stream: str,
+        data: bytes,
+        *,
+        request_id: str,
+        choice: int,
+        ttl: int,
+        part: RequestPart | None,
+        last: Entry | None,
+    ) -> None: ...
+
+
+class WorkerJobs:
+    """Opens a worker's job queues on its transport; one RabbitMQ connection for all of them
+    (a delivery is acked on the channel that delivered it, whichever view read it)."""
+
+    def __init__(
+        self, r: redis.Redis, keys: Keys, consumer: str, jobs: str = "redis", amqp_url: str = ""
+    ):
+        if jobs not in TRANSPORTS:
+            raise ValueError(f"broker.jobs must be one of {TRANSPORTS}, got {jobs!r}")
+        self.r, self.keys, self.consumer, self.jobs = r, keys, consumer, jobs
+        self.amqp = None
+        if jobs == "amqp":
+            from .amqp_jobs import AmqpConnection
+
+            self.amqp = AmqpConnection(amqp_url or None, keys)
+
+    def queues(self, streams: list[str]) -> JobQueue:
+        """The queues of `streams`: on RabbitMQ those that are job queues there (every job
+        stream but the batch one), the rest on Redis."""
+        if self.amqp is None:
+            return WorkQueues(self.r, streams, self.consumer, self.keys)
+        from .amqp_jobs import AmqpQueues, job_streams
+
+        on_amqp = [s for s in streams if s in job_streams(self.keys)]
+        rest = WorkQueues(
+            self.r, [s for s in streams if s not in on_amqp], self.consumer, self.keys
+        )
+        return AmqpQueues(self.amqp, self.r, on_amqp, self.consumer, rest)
+
+    def close(self) -> None:
+        if self.amqp is not None:
+            self.amqp.close()
+
+
+class AsyncJobs:
+    """The gateway's RabbitMQ publisher: pika's blocking connection in one thread of its own
+    (the event loop never waits on a socket; the connection is only ever used by that thread),
+    each job confirmed before `submit` returns. Reconnects once when the connection broke."""
+
+    def __init__(self, keys: Keys, amqp_url: str = ""):
+        self.keys, self.url = keys, amqp_url or None
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="amqp-jobs")
+        self._conn = None
+        self._lock = threading.Lock()
+
+    def _publish(self, stream: str, data: bytes) -> None:
+        from .amqp_jobs import AmqpConnection, AmqpUnreachable
+
+        with self._lock:
+            for attempt in (0, 1):
+                if self._conn is None:
+                    self._conn = AmqpConnection(self.url, self.keys)
+                try:
+                    self._conn.publish(stream, data)
+                    return
+                except AmqpUnreachable:
+                    self._conn.close()
+                    self._conn = None
+                    if attempt:
+                        raise
+
+    async def submit(self, stream: str, data: bytes) -> None:
+        await asyncio.get_running_loop().run_in_executor(self._pool, self._publish, stream, data)
+
+    def _depth(self, stream: str) -> int:
+        from .amqp_jobs import AmqpConnection
+
+        with self._lock:
+            if self._conn is None:
+                self._conn = AmqpConnection(self.url, self.keys)
+            return self._conn.depth(stream)
+
+    async def depth(self, stream: str) -> int:
+        """Jobs waiting in a queue (the gateway's admission limit reads the prefill queue's)."""
+        return await asyncio.get_running_loop().run_in_executor(self._pool, self._depth, stream)
+
+    async def aclose(self) -> None:
+        def close() -> None:
+            if self._conn is not None:
+                self._conn.close()
+
+        await asyncio.get_running_loop().run_in_executor(self._pool, close)
+        self._pool.shutdown(wait=False)
