@@ -4,7 +4,7 @@ the gateway (`GatewaySettings` adds its HTTP side) and a batch worker (`ApiSetti
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from syshax.shared.config import Config, derive_model_name
@@ -31,6 +31,9 @@ class ApiSettings:
     redis_url: str = "redis://127.0.0.1:6379/0"
     key_prefix: str = _CFG.redis.prefix
     limits: LimitsConfig = field(default_factory=LimitsConfig)  # per-request bounds
+    # A farm of several models (config `models:`): (stream key, model, served name, max_model_len)
+    # of each, the default first; empty = the one model above, on the farm's plain streams.
+    served: tuple[tuple[str, str, str, int], ...] = ()
     jobs: str = _CFG.broker.jobs  # where prefill jobs are queued: redis | amqp
     amqp_url: str = ""  # broker.amqp_url ("": RabbitMQ's default local URL)
 
@@ -47,9 +50,19 @@ class ApiSettings:
             redis_url=redis_url or cfg.redis.url or "",
             key_prefix=cfg.redis.prefix,
             limits=cfg.limits,
+            served=_served(cfg),
             jobs=cfg.broker.jobs,
             amqp_url=cfg.broker.amqp_url or "",
         )
+
+    def per_model(self) -> list[tuple[str, ApiSettings]]:
+        """(stream key, settings) of every model these settings serve, the default first."""
+        if not self.served:
+            return [("", self)]
+        return [
+            (key, replace(self, model=model, served_model_name=name, max_model_len=n, served=()))
+            for key, model, name, n in self.served
+        ]
 
     def model_path(self) -> Path:
         return default_model_path() if self.model in ("", "default") else Path(self.model)
@@ -65,6 +78,15 @@ class ApiSettings:
             return int(self.max_model_len)
         native = model_context_length(self.model_path())
         return min(native, DEFAULT_MAX_MODEL_LEN) if native else DEFAULT_MAX_MODEL_LEN
+
+
+def _served(cfg: Config) -> tuple[tuple[str, str, str, int], ...]:
+    if not cfg.models:
+        return ()
+    return tuple(
+        (m.key, m.config.model, m.config.model_id, m.config.max_model_len)
+        for m in cfg.served_models()
+    )
 
 
 def model_context_length(path: Path) -> int | None:

@@ -18,7 +18,7 @@ On a single Redis the tags are only part of the names.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 DEVICE_CLASSES = ("xpu", "cpu")
 
@@ -33,10 +33,24 @@ def farm_tag(address: str, prefix: str) -> str:
 @dataclass(frozen=True)
 class Keys:
     prefix: str = "syshax"
+    # The served model whose job streams these are, in a farm of several (`models:`); "" = the
+    # one-model farm's streams, named as they always were. Only the job streams differ: every
+    # other key is the farm's, shared by its models.
+    model: str = ""
 
     def __post_init__(self) -> None:
         if "{" in self.prefix or "}" in self.prefix:
             raise ValueError(f"redis.prefix may not contain braces (hash tags): {self.prefix!r}")
+
+    def for_model(self, model: str) -> Keys:
+        """The same farm's keys with the job streams of served model `model` ("" = default)."""
+        return replace(self, model=model)
+
+    @property
+    def _jobs(self) -> str:
+        """The start of the job streams' names: in the farm's tag either way, so a worker's
+        XREADGROUP over its model's streams and the handoff's MULTI stay in one slot."""
+        return f"{self.farm}:model:{self.model}:stream" if self.model else f"{self.farm}:stream"
 
     @property
     def farm(self) -> str:
@@ -46,17 +60,17 @@ class Keys:
     # ---- work queues (streams read with consumer groups) ----
     @property
     def prefill_stream(self) -> str:
-        return f"{self.farm}:stream:prefill"
+        return f"{self._jobs}:prefill"
 
     @property
     def prefill_batch_stream(self) -> str:
         """Prefill jobs of offline batches: read only when no interactive job waits."""
-        return f"{self.farm}:stream:prefill:batch"
+        return f"{self._jobs}:prefill:batch"
 
     def decode_stream(self, device_class: str) -> str:
         if device_class not in DEVICE_CLASSES:
             raise ValueError(f"device class must be one of {DEVICE_CLASSES}, got {device_class!r}")
-        return f"{self.farm}:stream:decode:{device_class}"
+        return f"{self._jobs}:decode:{device_class}"
 
     @property
     def dead_letter_stream(self) -> str:

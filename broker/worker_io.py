@@ -365,7 +365,9 @@ def record_dispatch(
 
 
 def live_workers(r: redis.Redis, keys: Keys = KEYS) -> list[dict[str, str]]:
-    """Heartbeats of the workers alive now (`liveness.is_alive`); prunes ids whose hash expired."""
+    """Heartbeats of the workers alive now (`liveness.is_alive`); prunes ids whose hash expired.
+    Keys of one model of a farm of several (`keys.model`): only the workers serving it, so a
+    worker's claims, dispatch and capacity are its own model's."""
     ids = [_s(i) for i in r.smembers(keys.workers)]
     if not ids:
         return []
@@ -382,6 +384,8 @@ def live_workers(r: redis.Redis, keys: Keys = KEYS) -> list[dict[str, str]]:
             dead.append(wid)
     if dead:
         r.srem(keys.workers, *dead)
+    if keys.model:
+        return [w for w in alive if w.get("model") == keys.model]
     return alive
 
 

@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from syshax.api.errors import APIError, worker_error
-from syshax.api.prepare import Plan, Preparer, job_ids
+from syshax.api.prepare import Plan, job_ids
 from syshax.api.schemas import ChatCompletionRequest, CompletionRequest
 from syshax.api.tokenize import DetokenizeRequest, TokenizeRequest, detokenize, tokenize
 from syshax.broker.client import BrokerClient
@@ -36,6 +36,7 @@ from .body_limit import BodyLimitMiddleware
 from .errors import REDIS_DOWN
 from .generation import ClientGone, Generation
 from .metrics import Metrics, RequestMetricsMiddleware
+from .model_routes import ModelRoute, Router, build_routes
 from .settings import GatewaySettings
 from .streaming import SSE_HEADERS, parse_event_id, sse
 
@@ -70,10 +71,13 @@ class Gateway:
 
     def __init__(self, settings: GatewaySettings, tokenizer: Tokenizer, redis: Any) -> None:
         self.settings = settings
-        self.tokenizer = tokenizer
-        self.max_model_len = settings.resolved_max_model_len()
-        self.preparer = Preparer(settings, tokenizer, self.max_model_len)
-        self.keys = Keys(prefix=settings.key_prefix)
+        # One route per served model (config `models:`), the default first: its tokenizer,
+        # checks and job streams. The default's stand for the gateway where one is needed.
+        self.router = Router(build_routes(settings, Keys(prefix=settings.key_prefix), tokenizer))
+        default = self.router.default
+        self.tokenizer, self.preparer = default.tokenizer, default.preparer
+        self.max_model_len = default.max_model_len
+        self.keys = default.keys
         self.metrics = Metrics()
         self._given_redis = redis
         self.redis: Any = None
@@ -84,8 +88,10 @@ class Gateway:
     async def start(self) -> None:
         self.redis = self._given_redis or make_redis(self.settings.redis_url)
         s = self.settings
-        jobs = AsyncJobs(self.keys, s.amqp_url) if s.jobs == "amqp" else None
-        self.broker = BrokerClient(self.redis, self.keys, s.output_ttl, s.poll_interval, jobs)
+        for route in self.router.routes:  # each model's jobs on its own streams
+            jobs = AsyncJobs(route.keys, s.amqp_url) if s.jobs == "amqp" else None
+            route.broker = BrokerClient(self.redis, route.keys, s.output_ttl, s.poll_interval, jobs)
+        self.broker = self.router.default.broker
         self._tails_task = asyncio.get_running_loop().create_task(self._publish_itl_tails())
 
     async def _publish_itl_tails(self) -> None:
@@ -112,8 +118,9 @@ class Gateway:
                 await self._tails_task
         if self.tasks:  # disconnected streams waiting out their grace period
             await asyncio.wait(list(self.tasks), timeout=self.settings.disconnect_grace + 2)
-        if self.broker is not None:
-            await self.broker.aclose()
+        for route in self.router.routes:
+            if route.broker is not None:
+                await route.broker.aclose()
         if self._given_redis is None and self.redis is not None:
             await self.redis.aclose()
 
@@ -126,9 +133,13 @@ class Gateway:
         return {"Retry-After": str(self.settings.retry_after)}
 
     # ---- generation ------------------------------------------------------------------------
-    async def run(self, request: Request, plan: Plan) -> Response:
-        assert self.broker is not None
-        depth = await self.broker.prefill_queue_depth()
+    async def run(self, request: Request, plan: Plan, route: ModelRoute | None = None) -> Response:
+        """Queue `plan` on its model's streams (`route`; None = the default model's) and
+        answer with its tokens."""
+        route = route or self.router.default
+        broker = route.broker
+        assert broker is not None
+        depth = await broker.prefill_queue_depth()
         if depth >= self.settings.max_queue_depth:
             raise APIError(
                 429,
@@ -147,11 +158,11 @@ class Gateway:
                 headers=self.retry_headers(),
             )
         # Subscribed before any job is queued: no token can be published before we listen.
-        gen = Generation.for_plan(self.broker, self.metrics, plan)
+        gen = Generation.for_plan(broker, self.metrics, plan)
         try:
             ttl = int(self.settings.request_timeout + self.settings.output_ttl)
-            await self.broker.requests.save(plan.request_id, plan.info(), ttl)
-            await self.broker.submit(plan.job())
+            await broker.requests.save(plan.request_id, plan.info(), ttl)
+            await broker.submit(plan.job())
         except BaseException:
             gen.close()
             raise
@@ -170,7 +181,7 @@ class Gateway:
                 gen.close()
                 self.metrics.running.dec()
                 self.spawn(self.ended(plan.request_id))
-            return JSONResponse(gen.response(self.tokenizer))
+            return JSONResponse(gen.response(route.tokenizer))
         # Streaming: wait for the first event, so a failure before any byte is a real HTTP
         # error (status + OpenAI body), never a 200 with an error inside.
         try:
@@ -187,9 +198,11 @@ class Gateway:
             raise
         if item is not None:
             gen.push_back(item)
-        return self.stream(gen, send_roles=True, attach=0)
+        return self.stream(gen, send_roles=True, attach=0, tokenizer=route.tokenizer)
 
-    def stream(self, gen: Generation, send_roles: bool, attach: int) -> StreamingResponse:
+    def stream(
+        self, gen: Generation, send_roles: bool, attach: int, tokenizer: Tokenizer
+    ) -> StreamingResponse:
         ended = False
 
         def on_end(status: int) -> None:
@@ -204,7 +217,7 @@ class Gateway:
             on_end(499)
             self.spawn(self.detached(gen, attach))
 
-        body = sse(gen, self.tokenizer, send_roles, on_disconnect, on_end)
+        body = sse(gen, tokenizer, send_roles, on_disconnect, on_end)
         return StreamingResponse(body, media_type="text/event-stream", headers=SSE_HEADERS)
 
     async def detached(self, gen: Generation, attach: int) -> None:
@@ -275,7 +288,8 @@ class Gateway:
             raise
         self.metrics.running.inc()
         gen.start()
-        return self.stream(gen, send_roles=not last, attach=attach)
+        tokenizer = self.router.of_name(str(info["model"])).tokenizer
+        return self.stream(gen, send_roles=not last, attach=attach, tokenizer=tokenizer)
 
     # ---- status ----------------------------------------------------------------------------
     async def health(self) -> JSONResponse:
@@ -370,11 +384,13 @@ def create_app(
 
     @app.post("/v1/chat/completions", dependencies=auth)
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-        return await gw.run(request, await gw.preparer.chat(body))
+        route = gw.router.pick(body.model)
+        return await gw.run(request, await route.preparer.chat(body), route)
 
     @app.post("/v1/completions", dependencies=auth)
     async def completions(body: CompletionRequest, request: Request) -> Response:
-        return await gw.run(request, await gw.preparer.completion(body))
+        route = gw.router.pick(body.model)
+        return await gw.run(request, await route.preparer.completion(body), route)
 
     @app.get("/v1/requests/{request_id}/stream", dependencies=auth)
     async def resume_stream(request_id: str, request: Request) -> Response:
@@ -382,23 +398,19 @@ def create_app(
 
     @app.post("/tokenize", dependencies=auth)
     async def tokenize_route(body: TokenizeRequest) -> dict[str, Any]:
-        return await tokenize(gw.preparer, body)
+        return await tokenize(gw.router.pick(body.model).preparer, body)
 
     @app.post("/detokenize", dependencies=auth)
     async def detokenize_route(body: DetokenizeRequest) -> dict[str, Any]:
-        return await detokenize(gw.preparer, body)
+        return await detokenize(gw.router.pick(body.model).preparer, body)
 
     @app.get("/v1/models", dependencies=auth)
     async def models() -> dict[str, Any]:
-        card = {
-            "id": gw.preparer.model_name,
-            "object": "model",
-            "created": int(time.time()),
-            "owned_by": "syshax",
-            "root": str(settings.model_path()),
-            "max_model_len": gw.max_model_len,
-        }
-        return {"object": "list", "data": [card]}
+        live = None  # one model: always listed
+        if len(gw.router.routes) > 1:  # several: those a live worker serves
+            assert gw.broker is not None
+            live = {str(w.get("model", "")) for w in await gw.broker.workers()}
+        return {"object": "list", "data": gw.router.cards(live)}
 
     @app.get("/health")
     async def health() -> Response:

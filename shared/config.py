@@ -100,7 +100,12 @@ def config_keys() -> list[str]:
 
 
 def format_value(value: Any) -> str:
-    """A value as it reads in YAML: null, true, 8010, default, [a, b]."""
+    """A value as it reads in YAML: null, true, 8010, default, [a, b]; a `models` entry as
+    the mapping of the keys it sets."""
+    if isinstance(value, list):
+        value = [
+            v.model_dump(exclude_defaults=True) if hasattr(v, "model_dump") else v for v in value
+        ]
     text = yaml.safe_dump(value, default_flow_style=True, width=1 << 30)
     return text.removesuffix("\n...\n").removesuffix("\n")
 

@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 import annotated_types
 from pydantic import ValidationError
 
+from .config_models import check_entries
 from .config_schema import FIELDS, SECTION_ALIASES, SECTIONS, Config
 
 # ---- the keys: their kinds, choices and names ----
@@ -73,7 +74,11 @@ def between_keys(cfg: Config) -> list[tuple[str, str]]:
     `auto_pd_offload` predates `decode_device` and stays: false means what decode_device xpu
     means (every decode on the xPU), true leaves the choice to decode_device. So the only
     conflict is false with decode_device cpu: one keeps every decode on the xPU, the other
-    sends every decode to the CPU."""
+    sends every decode to the CPU. The `models` entries must each fit (config_models.py)."""
+    try:
+        check_entries(cfg)
+    except ValueError as exc:
+        return [("models", str(exc))]
     if not cfg.auto_pd_offload and cfg.decode_device == "cpu":
         return [
             (

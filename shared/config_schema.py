@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Any, get_args
+from typing import Annotated, Any, NamedTuple, get_args
 
 from pydantic import BaseModel, BeforeValidator, Field
 from pydantic.fields import FieldInfo
 
+from .config_models import ModelEntry, entry_config
 from .config_sections import (
     BatchConfig,
     BrokerConfig,
@@ -80,6 +81,10 @@ class Config(_Section):
     served_model_name: Text | None = Field(
         None,
         description="model id shown in /v1/models; null = derived from the model (file or folder name without a quantization suffix such as .Q4_1)",
+    )
+    models: list[ModelEntry] = Field(
+        default_factory=list,
+        description="several models in one farm: a list of entries, each with model, served_model_name and its own max_model_len, dtype, xpu and cpu keys over the top-level ones; each model gets its own job streams and workers, the gateway routes by the request's model; empty = the one model above (docs/configuration.md, Several models)",
     )
     dtype: Annotated[DType, BeforeValidator(_text)] = Field(
         "float32", description="weights and activations: float32 | bfloat16 | float16"
@@ -149,6 +154,25 @@ class Config(_Section):
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(warnings=False)
 
+    def served_models(self) -> list[ServedModel]:
+        """Every model the farm serves, the default (first) one first: the top-level model
+        alone when `models` is empty (its streams keep their names: stream key ""), else one
+        per entry, each keyed by its served name."""
+        if not self.models:
+            return [ServedModel("", self)]
+        configs = [entry_config(self, entry) for entry in self.models]
+        return [ServedModel(c.model_id, c) for c in configs]
+
+    def served_model(self, name: str | None) -> ServedModel:
+        """The served model named `name` (None = the default one); KeyError if none is."""
+        models = self.served_models()
+        if name is None:
+            return models[0]
+        for m in models:
+            if name in (m.config.model_id, m.key):
+                return m
+        raise KeyError(name)
+
     @property
     def model_id(self) -> str:
         """The id in /v1/models: served_model_name, else derived from `model`."""
@@ -164,6 +188,11 @@ class Config(_Section):
         if self.model == "default":
             return default_model_path()
         return Path(self.model).expanduser()
+
+
+class ServedModel(NamedTuple):
+    key: str  # the name in its job streams' keys ("" = the one-model farm's streams)
+    config: Config  # the whole config its workers and routes run with
 
 
 _QUANT_SUFFIX = re.compile(r"[.-](?:I?Q\d\w*|BF16|F16|F32|FP16|FP32)$", re.IGNORECASE)

@@ -114,7 +114,9 @@ def serve(
                 worker.cancels.close()  # the lost connection's pub/sub
                 worker.streams.close()  # RabbitMQ redelivers the jobs it held
             worker = None
-            worker = Worker(engine, r, opts, dispatcher, Keys(s.config.redis.prefix), metrics)
+            worker = Worker(
+                engine, r, opts, dispatcher, Keys(s.config.redis.prefix, s.stream_model), metrics
+            )
             connected_at = time.monotonic()
             log.info("worker %s ready: %s", s.worker_id, ready_line(s))
             worker.serve(stop, drain_timeout=drain_timeout)

@@ -156,6 +156,7 @@ class WorkerOverrides:
     worker_id: str | None = None
     host: str | None = None
     port: int | None = None
+    serve: str | None = None  # which model of a farm of several (config `models:`), by name
 
     @classmethod
     def of(cls, namespace: Any) -> WorkerOverrides:
@@ -200,6 +201,7 @@ class WorkerSettings:
     metrics_host: str = "127.0.0.1"
     metrics_port: int = 0
     heartbeat_ttl: float | None = None
+    stream_model: str = ""  # the served model whose job streams it reads ("" = one-model farm)
 
     @property
     def engine_slots(self) -> int:
@@ -213,7 +215,8 @@ class WorkerSettings:
         from syshax.workers.engine.errors import EngineError
 
         try:
-            return cls._resolve(config, overrides)
+            key, config = served_model(config, overrides.serve)
+            return dataclasses.replace(cls._resolve(config, overrides), stream_model=key)
         except (env.EnvError, AffinityError, EngineError) as exc:
             raise SettingsError(str(exc)) from None
 
@@ -269,6 +272,17 @@ class WorkerSettings:
             metrics_port=section.port if o.port is None else o.port,
             heartbeat_ttl=o.heartbeat_ttl,
         )
+
+
+def served_model(config: Config, name: str | None) -> tuple[str, Config]:
+    """(stream key, the model's own config) of the model `--serve` names (None = the default:
+    the first of `models:`, or the one model)."""
+    try:
+        served = config.served_model(name)
+    except KeyError:
+        names = ", ".join(m.config.model_id for m in config.served_models())
+        raise SettingsError(f"--serve {name!r}: the config serves {names}") from None
+    return served.key, served.config
 
 
 def engine_and_class(config: Config, o: WorkerOverrides, roles: frozenset[str]) -> tuple[str, str]:

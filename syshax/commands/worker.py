@@ -37,6 +37,7 @@ OPTIONS: list[tuple[tuple[str, ...], dict]] = [
     (("--port",), {"type": int, "help": "port of this worker's /metrics and /health; 0 = none (default: xpu.port or cpu.port)"}),
     (("--redis-url",), {"help": "Redis URL (default: redis.url from the config)"}),
     (("--model",), {"help": "model path or 'default' (default: model from the config)"}),
+    (("--serve",), {"metavar": "NAME", "help": "in a farm of several models (config models:), the served_model_name of the one this worker serves: its settings, its job streams (default: the first listed; a one-model config serves only its own)"}),
     (("--dtype",), {"help": "float32, bfloat16, float16 (default: dtype from the config)"}),
     (("--max-model-len",), {"type": int, "help": "context length (default: from the config)"}),
     (("--max-batch-size",), {"type": int, "help": "sequences at once (default: xpu.max_batch_size or cpu_max_batch_size)"}),
