@@ -182,6 +182,19 @@ class AmqpConnection:
             log.debug("closing the AMQP connection: %r", exc)
 
 
+def add_queued(amqp: AmqpConnection, loads: dict, workers: list[dict[str, str]]) -> None:
+    """worker_io.device_loads counts the jobs waiting in the Redis streams, empty in amqp mode:
+    add those waiting in the RabbitMQ queues (ready, not yet taken; a job taken is in its
+    worker's heartbeat). A waiting prompt takes a slot of the class that prefills it."""
+    keys = amqp.keys
+    for cls, load in loads.items():
+        load.queued += amqp.depth(keys.decode_stream(cls))
+    roles = {w.get("device_class") for w in workers if "prefill" in w.get("roles", "").split(",")}
+    prefill_class = next((c for c in DEVICE_CLASSES if c in roles), None)
+    if prefill_class in loads:
+        loads[prefill_class].queued += amqp.depth(keys.prefill_stream)
+
+
 def _safe(url: str) -> str:
     """The URL without its password (for messages)."""
     params = pika.URLParameters(url)

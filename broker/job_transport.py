@@ -80,6 +80,13 @@ class WorkerJobs:
         )
         return AmqpQueues(self.amqp, self.r, on_amqp, self.consumer, rest)
 
+    def add_queued(self, loads: dict, workers: list[dict[str, str]]) -> None:
+        """The jobs waiting on RabbitMQ into `loads` (device_loads counts the Redis streams')."""
+        if self.amqp is not None:
+            from .amqp_jobs import add_queued
+
+            add_queued(self.amqp, loads, workers)
+
     def close(self) -> None:
         if self.amqp is not None:
             self.amqp.close()

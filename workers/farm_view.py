@@ -10,6 +10,7 @@ from typing import Any
 
 import redis
 from syshax.broker.dispatcher import DeviceLoad
+from syshax.broker.job_transport import WorkerJobs
 from syshax.broker.keys import Keys
 from syshax.broker.worker_io import Heartbeat, device_loads, live_workers
 
@@ -25,9 +26,11 @@ class FarmView:
         keys: Keys,
         heartbeat: Heartbeat,
         own_load: Callable[[], dict[str, Any]],
+        jobs: WorkerJobs | None = None,
     ):
-        """`own_load`: this worker's heartbeat fields now (`Worker.load_fields`)."""
-        self.r, self.keys = r, keys
+        """`own_load`: this worker's heartbeat fields now (`Worker.load_fields`); `jobs`: the
+        job transport, whose queues' waiting jobs count too (RabbitMQ's)."""
+        self.r, self.keys, self.jobs = r, keys, jobs
         self.heartbeat = heartbeat
         self.own_load = own_load
         self._cache: tuple[float, list[dict]] = (0.0, [])
@@ -50,7 +53,11 @@ class FarmView:
         static = self.heartbeat.static
         me = {**static, **{k: str(v) for k, v in self.own_load().items()}}
         others = [w for w in self.workers() if w.get("id") != static["id"]]
-        return device_loads(self.r, [*others, me], self.keys)
+        workers = [*others, me]
+        loads = device_loads(self.r, workers, self.keys)
+        if self.jobs is not None:
+            self.jobs.add_queued(loads, workers)
+        return loads
 
     def decoder_hosts(self, device_classes: set[str]) -> set[str | None]:
         """The hosts of the live decoders of `device_classes`."""

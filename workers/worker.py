@@ -75,7 +75,7 @@ class Worker:
         self.cadence = TokenCadence()
         # The collaborators: each given exactly what it needs, none given the Worker whole
         # (the upkeep sees it through `upkeep.KeptWorker`).
-        self.farm = FarmView(r, keys, self.heartbeat, self.load_fields)
+        self.farm = FarmView(r, keys, self.heartbeat, self.load_fields, self.streams.jobs)
         streams, kv, farm, m, hb = self.streams, self.kv, self.farm, self.metrics, self.heartbeat
         self.handoff = Handoff(
             engine, opts, dispatcher, r=r, keys=keys, streams=streams, kv=kv, farm=farm, metrics=m

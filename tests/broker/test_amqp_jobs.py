@@ -187,3 +187,18 @@ def test_batch_entries_stay_on_redis(r, keys) -> None:
     idle.ack(entry)
     assert r.xlen(keys.prefill_batch_stream) == 0
     jobs.close()
+
+
+def test_jobs_waiting_on_rabbitmq_count_in_the_dispatchers_loads(r, keys) -> None:
+    """device_loads counts the Redis streams (empty in amqp mode); the queues' waiting jobs are
+    added: decode jobs to their class, prompts to the class that prefills them."""
+    from syshax.broker.dispatcher import DeviceLoad
+
+    jobs = open_worker(r, keys)
+    for rid in ("a", "b"):
+        jobs.amqp.publish(keys.decode_stream(CPU), decode_job(rid))
+    jobs.amqp.publish(keys.prefill_stream, b"prompt")
+    loads = {"xpu": DeviceLoad(), "cpu": DeviceLoad()}
+    jobs.add_queued(loads, [{"device_class": "xpu", "roles": "prefill"}])
+    assert (loads["xpu"].queued, loads["cpu"].queued) == (1, 2)
+    jobs.close()
