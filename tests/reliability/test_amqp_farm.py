@@ -70,3 +70,34 @@ def test_decode_workers_killed_on_rabbitmq_lose_and_repeat_nothing(
     check(farm, n, failures, kills, resumed)
     assert duplicated == 0
     assert_jobs_went_through_rabbitmq(farm)
+
+
+def greedy_texts(farm: ProcFarm, n: int, max_tokens: int) -> list[str]:
+    farm.start_gateway()
+    names = [farm.start_worker("xpu", "prefill", "xpu", engine="native")]
+    names.append(farm.start_worker("cpu", "decode", "cpu", engine="native"))
+    farm.wait_registered(names)
+    farm.wait_healthy()
+    with ThreadPoolExecutor(n) as pool:
+        outcomes = list(pool.map(lambda i: stream_one(farm, i, max_tokens, 0.0), range(n)))
+    assert not [o.error for o in outcomes if o.error]
+    farm.stop()
+    return [o.text for o in outcomes]
+
+
+@pytest.mark.slow  # two farms of the real model: ~25 s on the shared VM
+def test_real_model_greedy_text_is_the_same_on_both_transports(
+    proc_farm,
+    amqp_prefix,  # noqa: F811
+):
+    """SmolLM2 through a prefill worker and a CPU decode worker (the KV handed off): greedy
+    text on RabbitMQ's job queues equals the Redis streams' run, request by request."""
+    n, max_tokens = 4, 24
+    on_redis = greedy_texts(proc_farm(decode_device="cpu"), n, max_tokens)
+    on_amqp = greedy_texts(
+        proc_farm(decode_device="cpu", jobs="amqp", amqp_url=AMQP_URL, prefix=amqp_prefix),
+        n,
+        max_tokens,
+    )
+    assert all(t.strip() for t in on_redis)
+    assert on_amqp == on_redis
