@@ -1,0 +1,114 @@
+"""What a job costs on each job transport (`broker.jobs`): Redis streams vs RabbitMQ quorum
+queues, one job at a time (latency, not throughput), in one run, rounds alternating.
+
+A job's life as the farm lives it: the gateway queues a prefill job (XADD / a publish waited on
+for its confirm), a worker takes it, hands its decode job over (one MULTI / a confirmed publish,
+the handed-off mark, the ack), a decoder takes the decode job (on RabbitMQ: with the owner mark
+that drops duplicates) and acks it. Redis is an embedded server of its own; RabbitMQ is the one
+at --amqp-url (a single node: a cluster's quorum adds its replication round trips).
+
+    .venv/bin/python bench/job_transport.py --jobs 300 --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import sys
+import time
+import uuid
+
+from syshax.broker.amqp_jobs import (
+    DEFAULT_AMQP_URL,
+    dead_letter_exchange,
+    job_streams,
+    queue_name,
+)
+from syshax.broker.connect import sync_client
+from syshax.broker.embedded import EmbeddedRedis
+from syshax.broker.job_transport import WorkerJobs
+from syshax.broker.keys import Keys
+from syshax.broker.schemas import DecodeJob, PrefillJob
+from tqdm import tqdm
+
+STEPS = ("submit", "take prefill", "hand over", "take decode", "ack")
+
+
+def one_round(r, transport: str, url: str, jobs: int) -> dict[str, list[float]]:
+    """Seconds per step of `jobs` jobs, one after the other, on fresh queues."""
+    keys = Keys(f"bench{uuid.uuid4().hex[:8]}")
+    worker = WorkerJobs(r, keys, "w1", transport, url)
+    gateway = WorkerJobs(r, keys, "gw", transport, url)  # its own connection, as a gateway's
+    prefill = worker.queues([keys.prefill_stream])
+    decode = worker.queues([keys.decode_stream("cpu")])
+    prefill.ensure_groups()
+    decode.ensure_groups()
+    times: dict[str, list[float]] = {s: [] for s in STEPS}
+    for i in range(jobs):
+        rid = f"r{i}"
+        job = PrefillJob(request_id=rid, prompt_ids=list(range(64)), params={}).pack()
+        decode_job = DecodeJob(request_id=rid, prompt_ids=list(range(64)), output_ids=[1]).pack()
+        t = [time.perf_counter()]
+        if gateway.amqp is not None:
+            gateway.amqp.publish(keys.prefill_stream, job)
+        else:
+            r.xadd(keys.prefill_stream, {"j": job})
+        t.append(time.perf_counter())
+        (entry,) = prefill.read(1, 1000)
+        t.append(time.perf_counter())
+        prefill.hand_over(entry, keys.decode_stream("cpu"), decode_job)
+        t.append(time.perf_counter())
+        (taken,) = decode.read(1, 1000)
+        t.append(time.perf_counter())
+        decode.ack(taken)
+        t.append(time.perf_counter())
+        for k, step in enumerate(STEPS):
+            times[step].append(t[k + 1] - t[k])
+    if worker.amqp is not None:
+        ch = worker.amqp.channel
+        for s in job_streams(keys):
+            ch.queue_delete(queue_name(s))
+        ch.queue_delete(dead_letter_exchange(keys))
+        ch.exchange_delete(dead_letter_exchange(keys))
+    worker.close()
+    gateway.close()
+    return times
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--jobs", type=int, default=300, help="jobs per round (default 300)")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds per transport (default 3)")
+    ap.add_argument(
+        "--amqp-url", default=DEFAULT_AMQP_URL, help=f"RabbitMQ (default {DEFAULT_AMQP_URL})"
+    )
+    args = ap.parse_args(argv)
+    results: dict[str, dict[str, list[float]]] = {
+        t: {s: [] for s in STEPS} for t in ("redis", "amqp")
+    }
+    with EmbeddedRedis() as server:
+        r = sync_client(server.url)
+        order = [t for _ in range(args.rounds) for t in ("redis", "amqp")]
+        for transport in tqdm(order, desc="rounds (alternating)"):
+            got = one_round(r, transport, args.amqp_url, args.jobs)
+            for step, values in got.items():
+                results[transport][step] += values
+    print(f"machine: {platform.node()} {platform.machine()}, python {platform.python_version()}")
+    print(f"{args.jobs} jobs x {args.rounds} rounds per transport, one job at a time")
+    print(f"{'step':<14}{'redis p50 us':>14}{'amqp p50 us':>14}{'redis p99':>12}{'amqp p99':>12}")
+    total = {"redis": 0.0, "amqp": 0.0}
+    for step in STEPS:
+        row = []
+        for t in ("redis", "amqp"):
+            v = sorted(results[t][step])
+            p50, p99 = statistics.median(v) * 1e6, v[int(len(v) * 0.99) - 1] * 1e6
+            total[t] += p50
+            row.append((p50, p99))
+        print(f"{step:<14}{row[0][0]:>14.0f}{row[1][0]:>14.0f}{row[0][1]:>12.0f}{row[1][1]:>12.0f}")
+    print(f"{'a job (sum)':<14}{total['redis']:>14.0f}{total['amqp']:>14.0f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
