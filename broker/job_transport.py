@@ -95,7 +95,7 @@ class WorkerJobs:
 class AsyncJobs:
     """The gateway's RabbitMQ publisher: pika's blocking connection in one thread of its own
     (the event loop never waits on a socket; the connection is only ever used by that thread),
-    each job confirmed before `submit` returns. Reconnects once when the connection broke."""
+    each job confirmed before `submit` returns; a connection found closed is made anew."""
 
     def __init__(self, keys: Keys, amqp_url: str = ""):
         self.keys, self.url = keys, amqp_url or None
@@ -103,32 +103,40 @@ class AsyncJobs:
         self._conn = None
         self._lock = threading.Lock()
 
+    def _connection(self):
+        """The open connection, made anew when it is gone. A connection RabbitMQ closed while
+        idle (missed heartbeats) is found here, before a job is published on it: a job is
+        never published twice (one whose confirm was lost may or may not be queued)."""
+        from .amqp_jobs import AmqpConnection
+
+        if self._conn is not None:
+            try:
+                self._conn.conn.process_data_events(0)  # heartbeats; raises when it is closed
+            except Exception:  # noqa: BLE001 - any failure: a new connection
+                self._conn.close()
+                self._conn = None
+        if self._conn is None:
+            self._conn = AmqpConnection(self.url, self.keys)  # AmqpUnreachable: a 503
+        return self._conn
+
     def _publish(self, stream: str, data: bytes) -> None:
-        from .amqp_jobs import AmqpConnection, AmqpUnreachable
+        from .amqp_jobs import AmqpUnreachable
 
         with self._lock:
-            for attempt in (0, 1):
-                if self._conn is None:
-                    self._conn = AmqpConnection(self.url, self.keys)
-                try:
-                    self._conn.publish(stream, data)
-                    return
-                except AmqpUnreachable:
-                    self._conn.close()
-                    self._conn = None
-                    if attempt:
-                        raise
+            conn = self._connection()
+            try:
+                conn.publish(stream, data)
+            except AmqpUnreachable:
+                conn.close()
+                self._conn = None
+                raise
 
     async def submit(self, stream: str, data: bytes) -> None:
         await asyncio.get_running_loop().run_in_executor(self._pool, self._publish, stream, data)
 
     def _depth(self, stream: str) -> int:
-        from .amqp_jobs import AmqpConnection
-
         with self._lock:
-            if self._conn is None:
-                self._conn = AmqpConnection(self.url, self.keys)
-            return self._conn.depth(stream)
+            return self._connection().depth(stream)
 
     async def depth(self, stream: str) -> int:
         """Jobs waiting in a queue (the gateway's admission limit reads the prefill queue's)."""

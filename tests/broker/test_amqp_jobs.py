@@ -202,3 +202,22 @@ def test_jobs_waiting_on_rabbitmq_count_in_the_dispatchers_loads(r, keys) -> Non
     jobs.add_queued(loads, [{"device_class": "xpu", "roles": "prefill"}])
     assert (loads["xpu"].queued, loads["cpu"].queued) == (1, 2)
     jobs.close()
+
+
+def test_the_gateways_publisher_reconnects_before_publishing(r, keys) -> None:
+    """A connection found closed (RabbitMQ restarted, heartbeats missed) is made anew before a
+    job goes out on it, so no job is published twice."""
+    import asyncio
+
+    from syshax.broker.job_transport import AsyncJobs
+
+    async def run() -> int:
+        jobs = AsyncJobs(keys, "")
+        await jobs.submit(keys.prefill_stream, b"one")
+        jobs._conn.conn.close()  # gone under the publisher
+        await jobs.submit(keys.prefill_stream, b"two")
+        depth = await jobs.depth(keys.prefill_stream)
+        await jobs.aclose()
+        return depth
+
+    assert asyncio.run(run()) == 2
