@@ -13,11 +13,14 @@ at --amqp-url (a single node: a cluster's quorum adds its replication round trip
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 import uuid
+from pathlib import Path
 
 from syshax.broker.amqp_jobs import (
     DEFAULT_AMQP_URL,
@@ -66,14 +69,44 @@ def one_round(r, transport: str, url: str, jobs: int) -> dict[str, list[float]]:
         for k, step in enumerate(STEPS):
             times[step].append(t[k + 1] - t[k])
     if worker.amqp is not None:
-        ch = worker.amqp.channel
-        for s in job_streams(keys):
-            ch.queue_delete(queue_name(s))
-        ch.queue_delete(dead_letter_exchange(keys))
-        ch.exchange_delete(dead_letter_exchange(keys))
+        _delete(worker, keys)
     worker.close()
     gateway.close()
     return times
+
+
+def proc_cpu(pid: str) -> float:
+    """CPU seconds (user + system) of a process, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def idle_cost(r, url: str, seconds: float) -> tuple[float | None, float]:
+    """(RabbitMQ's CPU %, the worker's CPU %) while a worker with nothing to do polls its two
+    queues (basic.get has no blocking form); RabbitMQ's is None when its process is not
+    found on this machine (pgrep beam.smp)."""
+    found = subprocess.run(["pgrep", "-f", "beam.smp"], capture_output=True, text=True)
+    pid = found.stdout.split()[0] if found.stdout.split() else None
+    keys = Keys(f"bench{uuid.uuid4().hex[:8]}")
+    worker = WorkerJobs(r, keys, "w1", "amqp", url)
+    queues = worker.queues([keys.decode_stream("cpu"), keys.prefill_stream])
+    beam0, me0, t0 = proc_cpu(pid) if pid else 0.0, time.process_time(), time.monotonic()
+    while time.monotonic() - t0 < seconds:
+        queues.read(1, 100)  # the worker's idle read
+    wall = time.monotonic() - t0
+    beam = (proc_cpu(pid) - beam0) / wall * 100 if pid else None
+    me = (time.process_time() - me0) / wall * 100
+    _delete(worker, keys)
+    worker.close()
+    return beam, me
+
+
+def _delete(worker: WorkerJobs, keys: Keys) -> None:
+    ch = worker.amqp.channel
+    for s in job_streams(keys):
+        ch.queue_delete(queue_name(s))
+    ch.queue_delete(dead_letter_exchange(keys))
+    ch.exchange_delete(dead_letter_exchange(keys))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -82,6 +115,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3, help="rounds per transport (default 3)")
     ap.add_argument(
         "--amqp-url", default=DEFAULT_AMQP_URL, help=f"RabbitMQ (default {DEFAULT_AMQP_URL})"
+    )
+    ap.add_argument(
+        "--idle-seconds",
+        type=float,
+        default=5.0,
+        help="seconds an idle worker polls RabbitMQ for the idle cost (0 = skip; default 5)",
     )
     args = ap.parse_args(argv)
     results: dict[str, dict[str, list[float]]] = {
@@ -107,6 +146,11 @@ def main(argv: list[str] | None = None) -> int:
             row.append((p50, p99))
         print(f"{step:<14}{row[0][0]:>14.0f}{row[1][0]:>14.0f}{row[0][1]:>12.0f}{row[1][1]:>12.0f}")
     print(f"{'a job (sum)':<14}{total['redis']:>14.0f}{total['amqp']:>14.0f}")
+    if args.idle_seconds > 0:
+        with EmbeddedRedis() as server:
+            beam, me = idle_cost(sync_client(server.url), args.amqp_url, args.idle_seconds)
+        shown = f"{beam:.1f}%" if beam is not None else "not measured (no beam.smp here)"
+        print(f"an idle worker polling: RabbitMQ CPU {shown}, the worker's CPU {me:.1f}%")
     return 0
 
 
