@@ -27,6 +27,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError, ResponseError
 
 from . import itl_tails
+from .amqp_jobs import job_streams
 from .connect import AsyncSubscriber, clustered
 from .job_transport import AsyncJobs
 from .keys import KEYS, Keys
@@ -89,7 +90,10 @@ class BrokerClient:
 
     async def stream_stats(self, stream: str, group: str) -> tuple[int, int]:
         """(waiting, in flight) of a work stream: entries not yet delivered to a worker, and
-        entries delivered but not acked (workers XDEL after XACK, so XLEN = the sum)."""
+        entries delivered but not acked (workers XDEL after XACK, so XLEN = the sum). A job
+        queue on RabbitMQ: (its ready jobs, 0): the jobs taken are not counted there."""
+        if self.jobs is not None and stream in job_streams(self.keys):
+            return await self.jobs.depth(stream), 0
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.xlen(stream)
             pipe.xpending(stream, group)
@@ -130,8 +134,6 @@ class BrokerClient:
         return self._memory[1]
 
     async def prefill_queue_depth(self) -> int:
-        if self.jobs is not None:
-            return await self.jobs.depth(self.keys.prefill_stream)
         return await self._waiting(self.keys.prefill_stream, self.keys.prefill_group)
 
     async def decode_queue_depth(self, device_class: str) -> int:

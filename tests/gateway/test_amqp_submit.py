@@ -45,3 +45,5 @@ def test_prompts_queue_on_rabbitmq_and_its_depth_admits(thread_farm, amqp_prefix
     assert not f.r.exists(f.keys.prefill_stream)  # not on Redis
     r = post(f, "/v1/chat/completions", {"model": f.model, "messages": MESSAGES})
     assert check_shape(r, 429)["code"] == "queue_full"
+    metrics = httpx.get(f"{f.url}/metrics").text  # the queue's depth, read on RabbitMQ
+    assert 'syshax:queue_length{stream="prefill"} 2.0' in metrics, metrics[:2000]
