@@ -221,3 +221,24 @@ def test_the_gateways_publisher_reconnects_before_publishing(r, keys) -> None:
         return depth
 
     assert asyncio.run(run()) == 2
+
+
+def test_a_lost_connection_is_the_workers_redis_outage_path(r, keys) -> None:
+    """RabbitMQ going away raises what workers/process.py already recovers from (a
+    redis.ConnectionError: abort the engine's sequences, reconnect with a backoff), and the
+    jobs the lost connection held are redelivered to whoever connects."""
+    import redis as redis_lib
+    from syshax.broker.amqp_jobs import AmqpUnreachable
+
+    jobs = open_worker(r, keys)
+    jobs.amqp.publish(keys.prefill_stream, b"held")
+    queues = jobs.queues([keys.prefill_stream])
+    (held,) = queues.read(1, 500)
+    jobs.amqp.conn.close()  # the connection is gone under the worker
+    with pytest.raises(AmqpUnreachable) as info:
+        queues.ack(held)
+    assert isinstance(info.value, redis_lib.ConnectionError)
+    again = open_worker(r, keys, "w1")  # the same worker, reconnected
+    (back,) = again.queues([keys.prefill_stream]).read(1, 2000)
+    assert back.data == b"held" and back.reclaimed
+    again.close()
