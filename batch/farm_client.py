@@ -24,6 +24,7 @@ import redis
 from pydantic import ValidationError
 from syshax.api.choices import Choice, completion_body
 from syshax.api.errors import APIError, body_error, worker_error
+from syshax.api.model_names import ModelNames
 from syshax.api.prepare import CHAT, TEXT, Plan, Preparer, job_ids
 from syshax.api.schemas import ChatCompletionRequest, CompletionRequest
 from syshax.api.settings import ApiSettings
@@ -97,9 +98,14 @@ class FarmClient:
         keys: Keys = KEYS,
         output_ttl: int = 600,
         block_s: float = 0.5,
+        models: list[tuple[str, Preparer]] | None = None,
     ) -> None:
+        """`models`: (stream key, preparer) of each model of a farm of several (config
+        `models:`), the default first; None = `preparer`'s one model on the plain streams."""
         self.r, self.preparer, self.keys = r, preparer, keys
         self.tokenizer = preparer.tokenizer
+        self.models = models or [("", preparer)]
+        self.names = ModelNames([p for _, p in self.models])
         self.output_ttl = output_ttl
         self.block_s = block_s  # longest XREAD BLOCK, so should_cancel is checked that often
 
@@ -107,10 +113,17 @@ class FarmClient:
     def from_settings(cls, settings: ApiSettings, tokenizer: Tokenizer | None = None):
         if not settings.redis_url:
             raise ValueError("no Redis URL: pass --redis-url or set redis.url")
-        tokenizer = tokenizer or Tokenizer.from_model_path(settings.model_path())
-        preparer = Preparer(settings, tokenizer, settings.resolved_max_model_len())
+        models, loaded = [], {}
+        for i, (key, s) in enumerate(settings.per_model()):  # models sharing a file share one
+            path = s.model_path()
+            if i == 0 and tokenizer is not None:
+                loaded[path] = tokenizer
+            if path not in loaded:
+                loaded[path] = Tokenizer.from_model_path(path)
+            models.append((key, Preparer(s, loaded[path], s.resolved_max_model_len())))
         r = sync_client(settings.redis_url, health_check_interval=10)
-        return cls(r, preparer, Keys(settings.key_prefix), settings.output_ttl)
+        keys = Keys(settings.key_prefix)
+        return cls(r, models[0][1], keys, settings.output_ttl, models=models)
 
     # ---- the steps ---------------------------------------------------------------------------
     def prepare(self, url: str, body: Any) -> Plan:
@@ -125,14 +138,16 @@ class FarmClient:
             req = schema.model_validate(body)
         except ValidationError as exc:
             raise body_error(exc) from None
-        coro = self.preparer.chat(req) if kind == CHAT else self.preparer.completion(req)
+        preparer = self.models[self.names.index(req.model)][1]  # 404 for an unknown model
+        coro = preparer.chat(req) if kind == CHAT else preparer.completion(req)
         return asyncio.run(coro)
 
     def submit(self, plan: Plan, priority: int = 1) -> None:
         """Queue the request's prefill job (all of its choices): on the batch stream for
         priority >= 1 (served only when no interactive job waits), on the interactive stream for
         priority 0."""
-        stream = self.keys.prefill_batch_stream if priority > 0 else self.keys.prefill_stream
+        keys = self.keys.for_model(self.models[self.names.of_stored(plan.model)][0])
+        stream = keys.prefill_batch_stream if priority > 0 else keys.prefill_stream
         job = plan.job()
         job.priority = priority
         farm_io.queue_jobs(self.r, stream, [job])
@@ -216,5 +231,6 @@ class FarmClient:
         """The non-streaming body, exactly as the gateway answers it."""
         return completion_body(
             plan.kind, plan.request_id, plan.created, plan.model, choices,
-            len(plan.prompt_ids), plan.logprobs, self.tokenizer, plan.tool_format,
+            len(plan.prompt_ids), plan.logprobs,
+            self.models[self.names.of_stored(plan.model)][1].tokenizer, plan.tool_format,
         )  # fmt: skip

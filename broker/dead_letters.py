@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 import msgspec
 import redis
 
-from .keys import DEVICE_CLASSES, KEYS, Keys
+from .keys import KEYS, Keys
 from .kv_store import KVStore
 from .schemas import DecodeJob, PrefillJob, SchemaError, entry_events
 
@@ -62,11 +62,7 @@ def _s(x) -> str:
 
 
 def _kind(stream: str, keys: Keys) -> str:
-    if stream in (keys.prefill_stream, keys.prefill_batch_stream):
-        return "prefill"
-    if stream in {keys.decode_stream(c) for c in DEVICE_CLASSES}:
-        return "decode"
-    return ""
+    return keys.job_kind(stream)  # any model's streams (config `models:`)
 
 
 def _decode(kind: str, data: bytes) -> PrefillJob | DecodeJob | None:

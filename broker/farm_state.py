@@ -9,12 +9,29 @@ from .kv_store import KVStore
 from .worker_io import live_workers
 
 
-def snapshot(r: redis.Redis, keys: Keys = KEYS) -> dict:
-    """Everything `syshax top` shows, read in a few round trips: live workers, each stream's
-    waiting and taken entries, the last dispatcher decisions and their counts, KV leases."""
+def per_model(workers: list[dict]) -> dict[str, dict[str, int]]:
+    """Served model -> its live workers, running + waiting sequences and decode capacity."""
+    out: dict[str, dict[str, int]] = {}
+    for w in workers:
+        row = out.setdefault(w.get("model", ""), {"workers": 0, "load": 0, "capacity": 0})
+        row["workers"] += 1
+        row["load"] += int(w.get("running", 0)) + int(w.get("waiting", 0))
+        if "decode" in w.get("roles", "").split(","):
+            row["capacity"] += int(w.get("capacity", 0))
+    return out
 
-    streams = {"prefill": keys.prefill_stream, "prefill:batch": keys.prefill_batch_stream}
-    streams.update({f"decode:{c}": keys.decode_stream(c) for c in DEVICE_CLASSES})
+
+def snapshot(r: redis.Redis, keys: Keys = KEYS, models: tuple[str, ...] = ("",)) -> dict:
+    """Everything `syshax top` shows, read in a few round trips: live workers, each stream's
+    waiting and taken entries, the last dispatcher decisions and their counts, KV leases.
+    `models`: the stream keys of the farm's models (config `models:`; "" = the one model's
+    streams); a farm of several shows each model's streams under its name, and its capacity."""
+    streams = {}
+    for model in models:
+        mk, name = keys.for_model(model), f"{model} " if model else ""
+        streams[f"{name}prefill"] = mk.prefill_stream
+        streams[f"{name}prefill:batch"] = mk.prefill_batch_stream
+        streams.update({f"{name}decode:{c}": mk.decode_stream(c) for c in DEVICE_CLASSES})
     pipe = r.pipeline(transaction=False)  # the farm's keys and counters: read, not changed
     for s in streams.values():
         pipe.xlen(s)
@@ -33,10 +50,13 @@ def snapshot(r: redis.Redis, keys: Keys = KEYS) -> dict:
     decisions = [d.decode() if isinstance(d, bytes) else d for d in rest[0]]
     counts = {c: int(v or 0) for c, v in zip(DEVICE_CLASSES, rest[1:], strict=True)}
     leases, nbytes = KVStore(r, keys).stats()
+    workers = sorted(
+        live_workers(r, keys),
+        key=lambda w: (w.get("model", ""), w.get("device_class", ""), w.get("id", "")),
+    )
     return {
-        "workers": sorted(
-            live_workers(r, keys), key=lambda w: (w.get("device_class", ""), w.get("id", ""))
-        ),
+        "workers": workers,
+        "models": per_model(workers) if models != ("",) else {},
         "queues": queues,
         "decisions": decisions,
         "counts": counts,

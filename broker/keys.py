@@ -72,6 +72,19 @@ class Keys:
             raise ValueError(f"device class must be one of {DEVICE_CLASSES}, got {device_class!r}")
         return f"{self._jobs}:decode:{device_class}"
 
+    def job_kind(self, stream: str) -> str:
+        """prefill | decode | "" (not a job stream): what a job stream of this farm carries,
+        whichever of its models it belongs to (a dead letter records only its stream)."""
+        head = f"{self.farm}:"
+        if not stream.startswith(head):
+            return ""
+        rest = stream[len(head) :]
+        if rest.startswith("model:"):  # model:<name>:stream:<kind>
+            rest = "stream:" + rest.rpartition(":stream:")[2]
+        if rest in ("stream:prefill", "stream:prefill:batch"):
+            return "prefill"
+        return "decode" if rest in {f"stream:decode:{c}" for c in DEVICE_CLASSES} else ""
+
     @property
     def dead_letter_stream(self) -> str:
         """Messages that could not be decoded or failed too often; kept for inspection."""

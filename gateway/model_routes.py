@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from syshax.api.errors import APIError
+from syshax.api.model_names import ModelNames
 from syshax.api.prepare import Preparer
 from syshax.api.settings import ApiSettings
 from syshax.broker.client import BrokerClient
@@ -60,29 +60,15 @@ class Router:
     def __init__(self, routes: list[ModelRoute]) -> None:
         self.routes = routes
         self.default = routes[0]
-        self._by_name: dict[str, ModelRoute] = {}
-        for route in reversed(routes):  # a name two routes accept: the earlier one's
-            for name in route.preparer.accepted_names:
-                self._by_name[name] = route
+        self.names = ModelNames([r.preparer for r in routes])
 
     def pick(self, model: str | None) -> ModelRoute:
-        """The route of a request's `model` (None = the default model's)."""
-        if model is None:
-            return self.default
-        route = self._by_name.get(model)
-        if route is None:
-            served = ", ".join(f"`{r.name}`" for r in self.routes)
-            raise APIError(
-                404,
-                f"The model `{model}` does not exist. This server serves {served}.",
-                param="model",
-                code="model_not_found",
-            )
-        return route
+        """The route of a request's `model` (None = the default model's); APIError 404."""
+        return self.routes[self.names.index(model)]
 
     def of_name(self, name: str) -> ModelRoute:
         """The route of a stored request's model (a resume); the default if none serves it."""
-        return self._by_name.get(name, self.default)
+        return self.routes[self.names.of_stored(name)]
 
     def cards(self, live_models: set[str] | None) -> list[dict[str, Any]]:
         """/v1/models: one card per model. `live_models`: the models some live worker serves

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 import annotated_types
 from pydantic import ValidationError
 
-from .config_models import check_entries
+from .config_models import check_entries, entry_error
 from .config_schema import FIELDS, SECTION_ALIASES, SECTIONS, Config
 
 # ---- the keys: their kinds, choices and names ----
@@ -164,6 +164,8 @@ def _message(key: str, err: Any) -> str:
         return unknown_key(key, children(key.rpartition(".")[0]))
     if key in SECTIONS:
         return f"expected a section with keys {', '.join(children(key))}"
+    if key == "models":
+        return entry_error(err)
     info = FIELDS[key]
     if value is None and not isinstance(err["loc"][-1], int):
         return "may not be null"

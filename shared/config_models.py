@@ -71,6 +71,19 @@ def entry_config(cfg: Config, entry: ModelEntry) -> Config:
     return cfg.model_copy(update=update)
 
 
+def entry_error(err: dict[str, Any]) -> str:
+    """A pydantic error inside `models` in plain words, naming the entry (from 1)."""
+    loc = list(err["loc"])[1:]  # past "models"
+    if err["type"] == "list_type" or not loc:
+        return "expected a list of entries, each a mapping with model (and served_model_name, ...)"
+    n, rest = loc[0], ".".join(str(p) for p in loc[1:])
+    if err["type"] == "missing":
+        return f"entry {n + 1}: {rest} is required"
+    if err["type"] == "model_type":
+        return f"entry {n + 1}: expected a mapping with model (and served_model_name, ...)"
+    return f"entry {n + 1}: {rest}: {err['msg']}"
+
+
 def check_entries(cfg: Config) -> None:
     """Raises ValueError when two entries share a served name or an entry's overrides do not
     fit their section."""

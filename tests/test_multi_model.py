@@ -85,3 +85,34 @@ def test_v1_models_lists_both_and_an_unknown_model_is_404(farm):
     err = info.value.body
     assert err["code"] == "model_not_found" and err["param"] == "model"
     assert "`smol`, `smol-echo`" in err["message"]
+
+
+def test_batch_requests_route_by_model(farm):
+    """The batch client (rq jobs) queues each request on its model's batch stream."""
+    from syshax.api.settings import ApiSettings
+    from syshax.batch.farm_client import FarmClient
+
+    client = FarmClient.from_settings(ApiSettings.from_config(farm.cfg, farm.redis.url))
+    body = {"model": "smol-echo", "prompt": PROMPT, "max_tokens": MAX_TOKENS, "temperature": 0}
+    echo = client.request("/v1/completions", body)
+    real = client.request("/v1/completions", {**body, "model": "smol"})
+    assert echo.ok and real.ok, (echo.body, real.body)
+    assert (echo.body["model"], real.body["model"]) == ("smol-echo", "smol")
+    assert real.body["choices"][0]["text"] != echo.body["choices"][0]["text"]
+    keys = Keys(farm.cfg.redis.prefix)
+    for name in ("smol", "smol-echo"):
+        assert farm.r.exists(keys.for_model(name).prefill_batch_stream)
+    missing = client.request("/v1/completions", {**body, "model": "nope"})
+    assert missing.status_code == 404 and missing.body["error"]["code"] == "model_not_found"
+
+
+def test_top_shows_each_models_queues_and_capacity(farm):
+    from syshax.broker.farm_state import snapshot
+
+    models = tuple(m.key for m in farm.cfg.served_models())
+    snap = snapshot(farm.r, Keys(farm.cfg.redis.prefix), models)
+    assert {"smol prefill", "smol-echo prefill", "smol decode:xpu"} <= set(snap["queues"])
+    assert snap["models"] == {
+        "smol": {"workers": 1, "load": 0, "capacity": 8},
+        "smol-echo": {"workers": 1, "load": 0, "capacity": 4},  # its entry's xpu.max_batch_size
+    }

@@ -39,6 +39,7 @@ import signal
 import sys
 import threading
 import time
+from pathlib import Path
 
 from syshax.broker.connect import sync_client
 from syshax.broker.farm_redis import FarmRedis
@@ -46,7 +47,14 @@ from syshax.broker.keys import Keys
 from syshax.commands.renamed import with_old_names
 from syshax.commands.supervisor import Child, Supervisor
 from syshax.workers.checks import xpu_engine_problems
-from syshax.workers.settings import ENGINE_ALIASES, ENGINES, farm_engines, farm_layout
+from syshax.workers.model_split import split_threads, weights_bytes
+from syshax.workers.settings import (
+    ENGINE_ALIASES,
+    ENGINES,
+    every_core,
+    farm_engines,
+    farm_layout,
+)
 
 log = logging.getLogger("syshax.run")
 
@@ -108,6 +116,8 @@ def _children(args, cfg, config_path: str | None) -> list[Child]:
     user can read /proc/PID/cmdline): they read $SYSHAX_REDIS_URL from the environment."""
     base = [sys.executable, "-m", "syshax.cli"]
     common = ["--config", config_path] if config_path else []
+    if cfg.models:
+        return _clients(args, cfg, base, common, _model_workers(args, cfg, base, common))
     plan = farm_layout(cfg, args.engine, args.cpu_workers)
     xpu_engine, cpu_engine = plan.xpu_engine, plan.cpu_engine
     n_cpu, xpu_threads = plan.cpu_workers, plan.xpu_threads
@@ -129,6 +139,42 @@ def _children(args, cfg, config_path: str | None) -> list[Child]:
         cpu = ["worker", "--roles", "decode", "--device", "cpu", "--device-class", "cpu"]
         cpu += ["--engine", cpu_engine, "--port", str(cfg.cpu.port + i)]  # /metrics: port + i
         workers.append(_worker(f"cpu-worker-{i}", base + cpu + common))
+    return _clients(args, cfg, base, common, workers)
+
+
+def _model_workers(args, cfg, base: list[str], common: list[str]) -> list[Child]:
+    """A farm of several models (config `models:`): one worker per model, both roles, on its
+    own job streams (`--serve`), the host's cores split between them in proportion to their
+    weights' size, at least one thread each (workers/model_split.py). Model 0 keeps xpu.port
+    for its /metrics; another model gets its entry's own xpu.port, else none (two workers
+    cannot share a port). CPU decode workers per model are not laid out (yet)."""
+    models = cfg.served_models()
+    sizes = [weights_bytes(_model_path(m.config)) for m in models]
+    threads = split_threads(sizes, every_core())
+    workers = []
+    for i, (m, n) in enumerate(zip(models, threads, strict=True)):
+        engine = farm_layout(m.config, args.engine, 0).xpu_engine
+        own_port = i == 0 or m.config.xpu.port != cfg.xpu.port
+        port = m.config.xpu.port if own_port else 0
+        log.info(
+            "layout: model %s: a worker (prefill + decode, %s engine, %d threads, %.0f MiB of weights)",
+            m.key, engine, n, sizes[i] / 2**20,
+        )  # fmt: skip
+        argv = ["worker", "--roles", "prefill,decode", "--device-class", "xpu", "--engine", engine]
+        argv += ["--serve", m.key, "--threads", str(n), "--port", str(port)]
+        workers.append(_worker(f"worker-{m.key}", base + argv + common))
+    return workers
+
+
+def _model_path(cfg) -> Path:
+    try:
+        return cfg.model_path()
+    except FileNotFoundError:  # the missing default model: its worker says so
+        return Path()
+
+
+def _clients(args, cfg, base: list[str], common: list[str], workers: list[Child]) -> list[Child]:
+    """The gateway and the batch worker around the workers."""
     # Offline batches (rq jobs on the batch queue) enter the farm through its batch stream. Like
     # the gateway it is a client of the workers: it stops first, while they can still finish
     # its running requests (a request it cannot finish in time is requeued, not lost).
@@ -165,7 +211,11 @@ def run(args: argparse.Namespace) -> int:
         apply_log_level(cfg.log_level)
         # What keeps the xPU worker's engine from starting, said before anything starts: a
         # worker that cannot load it would only be restarted in a loop.
-        problems = xpu_engine_problems(cfg, farm_engines(cfg, args.engine)[0])
+        problems = [  # each model's, in a farm of several
+            p
+            for m in cfg.served_models()
+            for p in xpu_engine_problems(m.config, farm_engines(m.config, args.engine)[0])
+        ]
         if not problems:
             config_path = resolve_config_path(args.config)
             redis_child, server, url = _redis(cfg, config_path)

@@ -28,10 +28,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def snapshot(r, keys) -> dict:
+def snapshot(r, keys, models: tuple[str, ...] = ("",)) -> dict:
+    """`models`: the stream keys of the farm's models ("" = a one-model farm's streams)."""
     from syshax.broker.farm_state import snapshot as farm_snapshot
 
-    return farm_snapshot(r, keys)
+    return farm_snapshot(r, keys, models)
 
 
 def render(snap: dict):
@@ -40,12 +41,14 @@ def render(snap: dict):
     from rich.text import Text
 
     workers = Table(title="workers", expand=True)
-    cols = ("id", "class", "device", "roles", "running/capacity", "waiting", "decode tok/s", "spec accept", "tok/step")  # fmt: skip
+    several = bool(snap.get("models"))  # a farm of several models: which each worker serves
+    cols = ("id", *(("model",) if several else ()), "class", "device", "roles", "running/capacity", "waiting", "decode tok/s", "spec accept", "tok/step")  # fmt: skip
     for col in cols:
         workers.add_column(col)
     for w in snap["workers"]:
         workers.add_row(
             w.get("id", "?"),
+            *((w.get("model", "?"),) if several else ()),
             w.get("device_class", "?"),
             w.get("device", "?"),
             w.get("roles", "?"),
@@ -71,7 +74,21 @@ def render(snap: dict):
         with contextlib.suppress(ValueError):  # a foreign entry keeps its raw stamp
             stamp = time.strftime("%H:%M:%S", time.localtime(float(stamp)))
         recent.add_row(Text(f"{stamp} {rest}"))  # plain text: "[slo]" is no markup tag
-    return Group(workers, queues, recent)
+    return Group(workers, *_models_table(snap.get("models") or {}), queues, recent)
+
+
+def _models_table(models: dict) -> list:
+    """A farm of several models: each one's workers and load / decode capacity."""
+    from rich.table import Table
+
+    if not models:
+        return []
+    table = Table(title="models (sequences running + waiting / decode capacity)", expand=True)
+    for col in ("model", "workers", "load / capacity"):
+        table.add_column(col)
+    for name, row in sorted(models.items()):
+        table.add_row(name or "?", str(row["workers"]), f"{row['load']} / {row['capacity']}")
+    return [table]
 
 
 def _spec(w: dict) -> str:
@@ -106,17 +123,18 @@ def run(args: argparse.Namespace) -> int:
         return 2
     r = sync_client(url, socket_connect_timeout=2, socket_timeout=5)
     keys = Keys(cfg.redis.prefix)
+    models = tuple(m.key for m in cfg.served_models())
     console = Console()
     try:
         if args.once:
-            console.print(render(snapshot(r, keys)))
+            console.print(render(snapshot(r, keys, models)))
             return 0
         with Live(
-            render(snapshot(r, keys)), console=console, refresh_per_second=4, screen=False
+            render(snapshot(r, keys, models)), console=console, refresh_per_second=4, screen=False
         ) as live:
             while True:
                 time.sleep(args.interval)
-                live.update(render(snapshot(r, keys)))
+                live.update(render(snapshot(r, keys, models)))
     except redis.ConnectionError as exc:
         print(f"syshax top: Redis unreachable: {exc}", file=sys.stderr)
         return 1

@@ -68,3 +68,33 @@ def test_syshax_run_starts_one_batch_worker():
     # The Redis URL (it may hold a password) reaches the children in their environment
     # ($SYSHAX_REDIS_URL), never on a command line any local user can read.
     assert not any("redis" in arg for c in children for arg in c.argv), children
+
+
+def test_a_farm_of_several_models_gets_a_worker_per_model_and_split_cores(tmp_path):
+    """config `models:`: one worker per model on its own streams (--serve), the cores split by
+    the weights' size (workers/model_split.py), the first model on xpu.port, the other with
+    none of its own (two workers cannot share it)."""
+    from syshax.shared.config_models import ModelEntry
+    from syshax.workers.model_split import split_threads
+
+    big, small = tmp_path / "big.gguf", tmp_path / "small.gguf"
+    big.write_bytes(b"x" * 3000)
+    small.write_bytes(b"x" * 1000)
+    cfg = Config(
+        models=[
+            ModelEntry(model=str(big), served_model_name="big"),
+            ModelEntry(model=str(small)),
+        ]
+    )
+    args = argparse.Namespace(engine="echo", cpu_workers=None, no_gateway=True)
+    children = run._children(args, cfg, None)
+    assert [c.name for c in children] == ["worker-big", "worker-small", "batch-worker"]
+    expected = split_threads([3000, 1000], CORES)
+    for child, name, threads, port in zip(
+        children, ("big", "small"), expected, (cfg.xpu.port, 0), strict=False
+    ):
+        argv = child.argv
+        assert argv[argv.index("--serve") + 1] == name
+        assert argv[argv.index("--threads") + 1] == str(threads)
+        assert argv[argv.index("--port") + 1] == str(port)
+        assert argv[argv.index("--roles") + 1] == "prefill,decode"
