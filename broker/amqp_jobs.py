@@ -35,6 +35,7 @@ import pika.exceptions
 import redis
 
 from .keys import DEVICE_CLASSES, Keys
+from .kv_store import KVStore
 from .schemas import DecodeJob, RequestPart
 from .worker_io import Entry, WorkQueues
 
@@ -270,6 +271,8 @@ class AmqpQueues:
         if owner == entry.message_id:
             return False
         log.warning("dropping a duplicate decode job of %s (%s)", job.request_id, entry.stream)
+        if job.kv:  # its own lease (the redone prefill's export), never the owner's
+            KVStore(self.r, self.keys).free(job.kv.handle_id)
         return True
 
     # ---- what the Redis streams find by themselves, RabbitMQ redelivers -------------------

@@ -114,14 +114,21 @@ def test_a_duplicate_decode_job_is_dropped_by_job_id(r, keys) -> None:
     """A handoff that died between its confirm and its mark is redone by whoever takes the
     prefill job over: two decode jobs of one request. The first taken owns the request; the
     other is dropped unread; the owner's own redelivery still runs."""
+    from syshax.broker.kv_store import KVStore
+
     jobs = open_worker(r, keys)
     stream = keys.decode_stream(CPU)
-    jobs.amqp.publish(stream, decode_job("r4"))
-    jobs.amqp.publish(stream, decode_job("r4"))  # the redone handoff's copy
+    kv = KVStore(r, keys)
+    leases = [kv.put(b"k" * 100, {}, "r4", store="redis") for _ in range(2)]
+    for lease in leases:  # the first handoff's job, then the redone handoff's copy
+        job = DecodeJob(request_id="r4", prompt_ids=[1, 2], output_ids=[3], params={}, kv=lease)
+        jobs.amqp.publish(stream, job.pack())
     decode = jobs.queues([stream])
     taken = decode.read(4, 500)
     assert len(taken) == 1
     assert queue_counts(keys)[queue_name(stream)] == 0  # the copy was acked, not left
+    assert kv.stats()[0] == 1  # the copy's lease freed with it; the owner's kept
+    assert DecodeJob.unpack(taken[0].data).kv.handle_id == leases[0].handle_id
     jobs.close()  # the decoder dies holding the owner
     other = open_worker(r, keys, "w2")
     again = other.queues([stream]).read(4, 2000)
