@@ -30,6 +30,7 @@ from syshax.api.schemas import ChatCompletionRequest, CompletionRequest
 from syshax.api.settings import ApiSettings
 from syshax.broker import farm_io
 from syshax.broker.connect import sync_client
+from syshax.broker.job_transport import JobPublisher
 from syshax.broker.keys import KEYS, Keys
 from syshax.shared.tokenizer import Tokenizer
 
@@ -99,10 +100,13 @@ class FarmClient:
         output_ttl: int = 600,
         block_s: float = 0.5,
         models: list[tuple[str, Preparer]] | None = None,
+        jobs: JobPublisher | None = None,
     ) -> None:
         """`models`: (stream key, preparer) of each model of a farm of several (config
-        `models:`), the default first; None = `preparer`'s one model on the plain streams."""
-        self.r, self.preparer, self.keys = r, preparer, keys
+        `models:`), the default first; None = `preparer`'s one model on the plain streams.
+        `jobs`: the farm's RabbitMQ job queues (broker.jobs amqp), where a priority-0 job
+        goes; None = the Redis streams."""
+        self.r, self.preparer, self.keys, self.jobs = r, preparer, keys, jobs
         self.tokenizer = preparer.tokenizer
         self.models = models or [("", preparer)]
         self.names = ModelNames([p for _, p in self.models])
@@ -123,7 +127,8 @@ class FarmClient:
             models.append((key, Preparer(s, loaded[path], s.resolved_max_model_len())))
         r = sync_client(settings.redis_url, health_check_interval=10)
         keys = Keys(settings.key_prefix)
-        return cls(r, models[0][1], keys, settings.output_ttl, models=models)
+        jobs = JobPublisher(settings.amqp_url) if settings.jobs == "amqp" else None
+        return cls(r, models[0][1], keys, settings.output_ttl, models=models, jobs=jobs)
 
     # ---- the steps ---------------------------------------------------------------------------
     def prepare(self, url: str, body: Any) -> Plan:
@@ -150,6 +155,9 @@ class FarmClient:
         stream = keys.prefill_batch_stream if priority > 0 else keys.prefill_stream
         job = plan.job()
         job.priority = priority
+        if priority == 0 and self.jobs is not None:  # the batch stream stays on Redis
+            self.jobs.publish(keys, stream, job.pack())
+            return
         farm_io.queue_jobs(self.r, stream, [job])
 
     def collect(

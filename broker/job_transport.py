@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import os
 import threading
-from typing import Protocol
+from typing import Any, Protocol
 
 import redis
 
@@ -92,60 +93,76 @@ class WorkerJobs:
             self.amqp.close()
 
 
-class AsyncJobs:
-    """The gateway's RabbitMQ publisher: pika's blocking connection in one thread of its own
-    (the event loop never waits on a socket; the connection is only ever used by that thread),
-    each job confirmed before `submit` returns; a connection found closed is made anew."""
+class JobPublisher:
+    """Publishes jobs to RabbitMQ from synchronous code (the batch client; the gateway through
+    AsyncJobs): one connection per process and farm key set, made on first use (rq's horses
+    are forked: a child never writes on its parent's socket), each job confirmed before
+    `publish` returns. A connection found closed is made anew before a job goes out on it; a
+    publish is never retried (one whose confirm was lost may be queued already)."""
 
-    def __init__(self, keys: Keys, amqp_url: str = ""):
-        self.keys, self.url = keys, amqp_url or None
-        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="amqp-jobs")
-        self._conn = None
+    def __init__(self, amqp_url: str = ""):
+        self.url = amqp_url or None
+        self._conns: dict[tuple[int, str], Any] = {}
         self._lock = threading.Lock()
 
-    def _connection(self):
-        """The open connection, made anew when it is gone. A connection RabbitMQ closed while
-        idle (missed heartbeats) is found here, before a job is published on it: a job is
-        never published twice (one whose confirm was lost may or may not be queued)."""
+    def _connection(self, keys: Keys):
         from .amqp_jobs import AmqpConnection
 
-        if self._conn is not None:
+        key = (os.getpid(), keys.prefill_stream)
+        conn = self._conns.get(key)
+        if conn is not None:
             try:
-                self._conn.conn.process_data_events(0)  # heartbeats; raises when it is closed
+                conn.conn.process_data_events(0)  # heartbeats; raises when it is closed
             except Exception:  # noqa: BLE001 - any failure: a new connection
-                self._conn.close()
-                self._conn = None
-        if self._conn is None:
-            self._conn = AmqpConnection(self.url, self.keys)  # AmqpUnreachable: a 503
-        return self._conn
+                conn.close()
+                conn = None
+        if conn is None:
+            conn = AmqpConnection(self.url, keys)  # AmqpUnreachable: the caller's 503
+            self._conns[key] = conn
+        return conn
 
-    def _publish(self, stream: str, data: bytes) -> None:
+    def publish(self, keys: Keys, stream: str, data: bytes) -> None:
         from .amqp_jobs import AmqpUnreachable
 
         with self._lock:
-            conn = self._connection()
+            conn = self._connection(keys)
             try:
                 conn.publish(stream, data)
             except AmqpUnreachable:
                 conn.close()
-                self._conn = None
+                self._conns.pop((os.getpid(), keys.prefill_stream), None)
                 raise
 
-    async def submit(self, stream: str, data: bytes) -> None:
-        await asyncio.get_running_loop().run_in_executor(self._pool, self._publish, stream, data)
-
-    def _depth(self, stream: str) -> int:
+    def depth(self, keys: Keys, stream: str) -> int:
         with self._lock:
-            return self._connection().depth(stream)
+            return self._connection(keys).depth(stream)
+
+    def close(self) -> None:
+        with self._lock:
+            for (pid, _), conn in list(self._conns.items()):
+                if pid == os.getpid():
+                    conn.close()
+            self._conns.clear()
+
+
+class AsyncJobs:
+    """The gateway's RabbitMQ publisher: a JobPublisher in one thread of its own (the event
+    loop never waits on a socket; the connection is only ever used by that thread)."""
+
+    def __init__(self, keys: Keys, amqp_url: str = ""):
+        self.keys = keys
+        self.sync = JobPublisher(amqp_url)
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="amqp-jobs")
+
+    async def submit(self, stream: str, data: bytes) -> None:
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._pool, self.sync.publish, self.keys, stream, data)
 
     async def depth(self, stream: str) -> int:
         """Jobs waiting in a queue (the gateway's admission limit reads the prefill queue's)."""
-        return await asyncio.get_running_loop().run_in_executor(self._pool, self._depth, stream)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, self.sync.depth, self.keys, stream)
 
     async def aclose(self) -> None:
-        def close() -> None:
-            if self._conn is not None:
-                self._conn.close()
-
-        await asyncio.get_running_loop().run_in_executor(self._pool, close)
+        await asyncio.get_running_loop().run_in_executor(self._pool, self.sync.close)
         self._pool.shutdown(wait=False)

@@ -221,7 +221,8 @@ def test_the_gateways_publisher_reconnects_before_publishing(r, keys) -> None:
     async def run() -> int:
         jobs = AsyncJobs(keys, "")
         await jobs.submit(keys.prefill_stream, b"one")
-        jobs._conn.conn.close()  # gone under the publisher
+        for conn in jobs.sync._conns.values():
+            conn.conn.close()  # gone under the publisher
         await jobs.submit(keys.prefill_stream, b"two")
         depth = await jobs.depth(keys.prefill_stream)
         await jobs.aclose()
