@@ -179,7 +179,9 @@ def test_a_job_returned_past_the_delivery_limit_is_dead_lettered(r, keys) -> Non
     counts = queue_counts(keys)
     assert counts[queue_name(keys.prefill_stream)] == 0
     assert counts[dead_letter_exchange(keys)] == 1
-    assert returns == DELIVERY_LIMIT + 1
+    # Taken DELIVERY_LIMIT + 1 times on RabbitMQ 3.x (dead-lettered when its count passes the
+    # limit); a server counting the first delivery too stops one earlier.
+    assert DELIVERY_LIMIT <= returns <= DELIVERY_LIMIT + 1
 
 
 def test_batch_entries_stay_on_redis(r, keys) -> None:
