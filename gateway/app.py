@@ -319,6 +319,9 @@ class Gateway:
                 decode[w["device_class"]] += 1
         body["workers"] = {"prefill": prefill, "decode": decode}
         missing = [r for r, k in (("prefill", prefill), ("decode", sum(decode.values()))) if not k]
+        if len(self.router.routes) > 1 and not missing:  # several models: each needs its own
+            served = {str(w.get("model", "")) for w in workers}
+            missing = [f"{r.name!r}" for r in self.router.routes if r.name not in served]
         if missing:
             body.update(status="unavailable", reason=f"no live {' or '.join(missing)} worker")
             return JSONResponse(body, status_code=503, headers=self.retry_headers())
@@ -327,10 +330,8 @@ class Gateway:
     async def scrape(self) -> Response:
         assert self.broker is not None
         m, keys = self.metrics, self.broker.keys
-        streams = {"prefill": keys.prefill_stream, "prefill:batch": keys.prefill_batch_stream}
-        streams.update({f"decode:{c}": keys.decode_stream(c) for c in DEVICE_CLASSES})
         try:
-            for name, stream in streams.items():
+            for name, stream in self.router.job_streams().items():
                 waiting, in_flight = await self.broker.stream_stats(stream, keys.prefill_group)
                 m.queue_length.labels(name).set(waiting)
                 m.in_flight.labels(name).set(in_flight)

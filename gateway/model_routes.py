@@ -17,7 +17,7 @@ from syshax.api.model_names import ModelNames
 from syshax.api.prepare import Preparer
 from syshax.api.settings import ApiSettings
 from syshax.broker.client import BrokerClient
-from syshax.broker.keys import Keys
+from syshax.broker.keys import DEVICE_CLASSES, Keys
 from syshax.shared.tokenizer import Tokenizer
 
 
@@ -69,6 +69,17 @@ class Router:
     def of_name(self, name: str) -> ModelRoute:
         """The route of a stored request's model (a resume); the default if none serves it."""
         return self.routes[self.names.of_stored(name)]
+
+    def job_streams(self) -> dict[str, str]:
+        """Display name -> key of every job stream (/metrics): a farm of several models names
+        each one's streams after it ("smol prefill")."""
+        streams = {}
+        for route in self.routes:
+            k, model = route.keys, f"{route.key} " if route.key else ""
+            streams[f"{model}prefill"] = k.prefill_stream
+            streams[f"{model}prefill:batch"] = k.prefill_batch_stream
+            streams.update({f"{model}decode:{c}": k.decode_stream(c) for c in DEVICE_CLASSES})
+        return streams
 
     def cards(self, live_models: set[str] | None) -> list[dict[str, Any]]:
         """/v1/models: one card per model. `live_models`: the models some live worker serves

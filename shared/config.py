@@ -387,7 +387,12 @@ def validate(cfg: Config) -> list[str]:
             )
             if port_a == port_b and same_host:
                 problems.append(f"port collision: {name_a} and {name_b} are both {port_a}")
-    if isinstance(cfg.model, str) and cfg.model.strip():
+    if cfg.models and not check(_raw(cfg))[1]:  # each model of a farm of several
+        for m in cfg.served_models():
+            problem = model_problem(m.config)
+            if problem:
+                problems.append(f"models ({m.key}): {problem}")
+    elif isinstance(cfg.model, str) and cfg.model.strip():
         problem = model_problem(cfg)
         if problem:
             problems.append(problem)

@@ -12,14 +12,11 @@ them, so an entry only says what differs. Every model gets its own job streams (
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import Field, ValidationError
 
 from .config_sections import DType, Text, _Section
-
-if TYPE_CHECKING:
-    from .config_schema import Config
 
 
 class ModelEntry(_Section):
@@ -51,12 +48,9 @@ def _merged(section: _Section, over: dict[str, Any], name: str, served: str) -> 
         raise ValueError(f"model {served!r}: {name}.{where}: {first['msg']}") from None
 
 
-def entry_config(cfg: Config, entry: ModelEntry) -> Config:
-    """The whole Config one entry's workers and routes run with: the top-level settings with
-    the entry's model, name and overrides, and no `models` list of its own."""
-    from .config_schema import derive_model_name
-
-    served = entry.served_model_name or derive_model_name(entry.model)
+def entry_config(cfg: Any, entry: ModelEntry, served: str) -> Any:
+    """The whole Config (`cfg`'s class) one entry's workers and routes run with: the top-level
+    settings with the entry's model, `served` name and overrides, and no `models` list."""
     update: dict[str, Any] = {
         "model": entry.model,
         "served_model_name": served,
@@ -84,12 +78,12 @@ def entry_error(err: dict[str, Any]) -> str:
     return f"entry {n + 1}: {rest}: {err['msg']}"
 
 
-def check_entries(cfg: Config) -> None:
-    """Raises ValueError when two entries share a served name or an entry's overrides do not
-    fit their section."""
+def check_entries(cfg: Any) -> None:
+    """Raises ValueError when two entries of `cfg` (a Config) share a served name or an
+    entry's overrides do not fit their section."""
     seen: set[str] = set()
-    for entry in cfg.models:
-        served = entry_config(cfg, entry).model_id
+    for m in cfg.served_models():
+        served = m.key
         if served in seen:
             raise ValueError(
                 f"two models are served as {served!r}: give each a distinct served_model_name"

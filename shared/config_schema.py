@@ -160,8 +160,11 @@ class Config(_Section):
         per entry, each keyed by its served name."""
         if not self.models:
             return [ServedModel("", self)]
-        configs = [entry_config(self, entry) for entry in self.models]
-        return [ServedModel(c.model_id, c) for c in configs]
+        return [
+            ServedModel(name, entry_config(self, e, name))
+            for e in self.models
+            for name in [e.served_model_name or derive_model_name(e.model)]
+        ]
 
     def served_model(self, name: str | None) -> ServedModel:
         """The served model named `name` (None = the default one); KeyError if none is."""

@@ -9,6 +9,8 @@ model, workers/intake.py), and each model's jobs sit on its own stream.
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import openai
 import pytest
@@ -110,9 +112,36 @@ def test_top_shows_each_models_queues_and_capacity(farm):
     from syshax.broker.farm_state import snapshot
 
     models = tuple(m.key for m in farm.cfg.served_models())
-    snap = snapshot(farm.r, Keys(farm.cfg.redis.prefix), models)
+    deadline = time.monotonic() + 10  # until the heartbeats show the earlier requests ended
+    while time.monotonic() < deadline:
+        snap = snapshot(farm.r, Keys(farm.cfg.redis.prefix), models)
+        if not any(row["load"] for row in snap["models"].values()):
+            break
+        time.sleep(0.25)
     assert {"smol prefill", "smol-echo prefill", "smol decode:xpu"} <= set(snap["queues"])
     assert snap["models"] == {
         "smol": {"workers": 1, "load": 0, "capacity": 8},
         "smol-echo": {"workers": 1, "load": 0, "capacity": 4},  # its entry's xpu.max_batch_size
     }
+
+
+def test_health_and_metrics_cover_each_model(farm):
+    health = httpx.get(farm.url() + "/health", timeout=10)
+    assert health.status_code == 200, health.text
+    text = httpx.get(farm.url() + "/metrics", timeout=10).text
+    for name in ("smol prefill", "smol-echo prefill", "smol-echo decode:cpu"):
+        assert f'syshax:queue_length{{stream="{name}"}}' in text
+
+
+def test_a_model_without_live_workers_leaves_v1_models_and_health(farm):
+    """Last in the module: it stops the echo model's only worker."""
+    farm.kill("echo-w")
+    deadline = time.monotonic() + 20  # the heartbeat TTL of test workers is 3 s
+    while time.monotonic() < deadline:
+        listed = httpx.get(farm.url() + "/v1/models", timeout=10).json()
+        if [m["id"] for m in listed["data"]] == ["smol"]:
+            break
+        time.sleep(0.25)
+    assert [m["id"] for m in listed["data"]] == ["smol"]
+    health = httpx.get(farm.url() + "/health", timeout=10)
+    assert health.status_code == 503 and "'smol-echo'" in health.json()["reason"]

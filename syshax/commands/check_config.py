@@ -33,10 +33,12 @@ def run(args: argparse.Namespace) -> int:
     else:
         # Nothing was read: say so first, and the path only as where `syshax init` would write.
         print(f"config: no config file; using the built-in defaults (`syshax init` writes one at {path})")  # fmt: skip
-    try:
-        print(f"model: {cfg.model} -> {cfg.model_path()} (served as {cfg.model_id})")
-    except FileNotFoundError:
-        print(f"model: {cfg.model} -> not found (served as {cfg.model_id})")
+    for m in cfg.served_models():  # the one model, or each of `models:`
+        c = m.config
+        try:
+            print(f"model: {c.model} -> {c.model_path()} (served as {c.model_id})")
+        except FileNotFoundError:
+            print(f"model: {c.model} -> not found (served as {c.model_id})")
     from syshax.workers.checks import check_workers
 
     workers = check_workers(cfg)  # what the workers will run, and what keeps them from it
