@@ -29,10 +29,15 @@ def _s(x: Any) -> Any:
     return x.decode() if isinstance(x, bytes) else x
 
 
-def work_streams(keys: Keys = KEYS) -> dict[str, str]:
-    """Display name -> stream key of every stream a worker reads."""
-    streams = {"prefill": keys.prefill_stream, "prefill:batch": keys.prefill_batch_stream}
-    streams.update({f"decode:{c}": keys.decode_stream(c) for c in DEVICE_CLASSES})
+def work_streams(keys: Keys = KEYS, models: tuple[str, ...] = ("",)) -> dict[str, str]:
+    """Display name -> stream key of every stream a worker reads. `models`: the stream keys of
+    the farm's models (config `models:`; "" = the one model's), each one's named after it."""
+    streams = {}
+    for model in models:
+        k, name = keys.for_model(model), f"{model} " if model else ""
+        streams[f"{name}prefill"] = k.prefill_stream
+        streams[f"{name}prefill:batch"] = k.prefill_batch_stream
+        streams.update({f"{name}decode:{c}": k.decode_stream(c) for c in DEVICE_CLASSES})
     return streams
 
 
@@ -44,11 +49,13 @@ def _id_age(entry_id: Any, now: float) -> float | None:
         return None
 
 
-def streams_view(r: redis.Redis, keys: Keys = KEYS, now: float | None = None) -> list[dict]:
+def streams_view(
+    r: redis.Redis, keys: Keys = KEYS, now: float | None = None, models: tuple[str, ...] = ("",)
+) -> list[dict]:
     """Each work stream: length, waiting (not yet taken), pending (taken, not acked), the
     queued age of the oldest pending entry, and its consumers (name, pending, idle seconds)."""
     now = time.time() if now is None else now
-    streams = work_streams(keys)
+    streams = work_streams(keys, models)
     pipe = r.pipeline(transaction=False)
     for key in streams.values():
         pipe.xlen(key)
@@ -211,9 +218,13 @@ def itl_view(r: redis.Redis, keys: Keys = KEYS, now: float | None = None) -> lis
 
 
 def farm_view(
-    r: redis.Redis, keys: Keys = KEYS, now: float | None = None, kv_ttl: float = 120.0
+    r: redis.Redis,
+    keys: Keys = KEYS,
+    now: float | None = None,
+    kv_ttl: float = 120.0,
+    models: tuple[str, ...] = ("",),
 ) -> dict:
-    """Everything the Farm page shows, in one JSON-ready dict."""
+    """Everything the Farm page shows, in one JSON-ready dict (`models`: work_streams')."""
     now = time.time() if now is None else now
     workers = [
         worker_view(w, now)
@@ -226,7 +237,7 @@ def farm_view(
         "now": now,
         "prefix": keys.prefix,
         "device_classes": list(DEVICE_CLASSES),
-        "streams": streams_view(r, keys, now),
+        "streams": streams_view(r, keys, now, models),
         "workers": workers,
         "models": sorted({w["model"] for w in workers if w["model"]}),
         "dispatcher": dispatcher_view(r, keys),

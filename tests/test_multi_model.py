@@ -108,8 +108,9 @@ def test_batch_requests_route_by_model(farm):
     assert missing.status_code == 404 and missing.body["error"]["code"] == "model_not_found"
 
 
-def test_top_shows_each_models_queues_and_capacity(farm):
+def test_top_and_the_farm_page_show_each_models_queues_and_capacity(farm):
     from syshax.broker.farm_state import snapshot
+    from syshax.broker.farm_view import farm_view
 
     models = tuple(m.key for m in farm.cfg.served_models())
     deadline = time.monotonic() + 10  # until the heartbeats show the earlier requests ended
@@ -123,6 +124,9 @@ def test_top_shows_each_models_queues_and_capacity(farm):
         "smol": {"workers": 1, "load": 0, "capacity": 8},
         "smol-echo": {"workers": 1, "load": 0, "capacity": 4},  # its entry's xpu.max_batch_size
     }
+    page = farm_view(farm.r, Keys(farm.cfg.redis.prefix), models=models)
+    assert {"smol prefill", "smol-echo decode:xpu"} <= {s["name"] for s in page["streams"]}
+    assert page["models"] == ["smol", "smol-echo"]
 
 
 def test_health_and_metrics_cover_each_model(farm):

@@ -104,6 +104,7 @@ def run(args: argparse.Namespace) -> int:
         password=password,
         url_prefix=args.url_prefix.rstrip("/"),
         poll_ms=args.poll_ms,
+        models=tuple(m.key for m in cfg.served_models()),
     )
     app = make_app(settings)
     # Dead-letter actions are logged (who, which job, what it was); Flask's request lines not.

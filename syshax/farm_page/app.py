@@ -29,6 +29,7 @@ class FarmPageSettings:
     password: str = ""
     url_prefix: str = ""
     poll_ms: int = 1000  # how often the pages refresh themselves
+    models: tuple[str, ...] = ("",)  # the stream keys of the farm's models ("" = the one's)
 
 
 def make_app(settings: FarmPageSettings) -> Flask:

@@ -73,7 +73,7 @@ def page():
 def state():
     s = _settings()
     try:
-        return _no_store(farm_view(_redis(), s.keys, kv_ttl=s.kv_ttl))
+        return _no_store(farm_view(_redis(), s.keys, kv_ttl=s.kv_ttl, models=s.models))
     except redis.RedisError as exc:
         return _no_store({"error": f"Redis unreachable: {exc}"}, 503)
 
