@@ -355,7 +355,9 @@ def record_dispatch(
     r: redis.Redis, device: str, reason: str, keys: Keys = KEYS, rule: str = ""
 ) -> None:
     """Log a dispatcher decision (the last 100, for `syshax top`: `<unix time> <device>
-    [<rule>] <reason>`) and count it per device."""
+    [<rule>] <reason>`) and count it per device. A model of a farm of several names itself
+    first in the reason (`smol: ...`)."""
+    reason = f"{keys.model}: {reason}" if keys.model else reason
     what = f"[{rule}] {reason}" if rule else reason
     pipe = r.pipeline(transaction=False)
     pipe.lpush(keys.dispatch_log, f"{time.time():.3f} {device} {what}")

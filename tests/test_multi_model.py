@@ -124,6 +124,8 @@ def test_top_and_the_farm_page_show_each_models_queues_and_capacity(farm):
         "smol": {"workers": 1, "load": 0, "capacity": 8},
         "smol-echo": {"workers": 1, "load": 0, "capacity": 4},  # its entry's xpu.max_batch_size
     }
+    reasons = {d.split(" ", 3)[3].split(":")[0] for d in snap["decisions"]}
+    assert reasons == {"smol", "smol-echo"}  # each dispatch says whose it was
     page = farm_view(farm.r, Keys(farm.cfg.redis.prefix), models=models)
     assert {"smol prefill", "smol-echo decode:xpu"} <= {s["name"] for s in page["streams"]}
     assert page["models"] == ["smol", "smol-echo"]
