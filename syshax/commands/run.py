@@ -143,26 +143,38 @@ def _children(args, cfg, config_path: str | None) -> list[Child]:
 
 
 def _model_workers(args, cfg, base: list[str], common: list[str]) -> list[Child]:
-    """A farm of several models (config `models:`): one worker per model, both roles, on its
-    own job streams (`--serve`), the host's cores split between them in proportion to their
-    weights' size, at least one thread each (workers/model_split.py). Model 0 keeps xpu.port
-    for its /metrics; another model gets its entry's own xpu.port, else none (two workers
-    cannot share a port). CPU decode workers per model are not laid out (yet)."""
+    """A farm of several models (config `models:`): per model, an xPU-role worker (both roles)
+    and the CPU decode workers its own layout asks for (`farm_layout`: its cpu.workers or
+    --cpu-workers, else one beside an accelerator), all on its job streams (`--serve`). The
+    host's cores are split between the models in proportion to their weights' size, at least
+    one thread each (workers/model_split.py); a model with CPU decode workers gives half of its
+    threads to its xPU worker and shares the rest between them. Model 0 keeps xpu.port and
+    cpu.port for /metrics; the others' workers get their entry's own ports, else none (two
+    workers cannot share a port)."""
     models = cfg.served_models()
     sizes = [weights_bytes(_model_path(m.config)) for m in models]
     threads = split_threads(sizes, every_core())
     workers = []
     for i, (m, n) in enumerate(zip(models, threads, strict=True)):
-        engine = farm_layout(m.config, args.engine, 0).xpu_engine
-        own_port = i == 0 or m.config.xpu.port != cfg.xpu.port
-        port = m.config.xpu.port if own_port else 0
+        plan = farm_layout(m.config, args.engine, args.cpu_workers)
+        n_cpu = plan.cpu_workers
+        xpu_threads = max(1, n // 2) if n_cpu else n
+        cpu_threads = max(1, (n - xpu_threads) // n_cpu) if n_cpu else 0
         log.info(
-            "layout: model %s: a worker (prefill + decode, %s engine, %d threads, %.0f MiB of weights)",
-            m.key, engine, n, sizes[i] / 2**20,
+            "layout: model %s (%.0f MiB of weights, %d threads): an xPU-role worker (%s engine, %d threads) + %d CPU decode worker(s)",
+            m.key, sizes[i] / 2**20, n, plan.xpu_engine, xpu_threads, n_cpu,
         )  # fmt: skip
-        argv = ["worker", "--roles", "prefill,decode", "--device-class", "xpu", "--engine", engine]
-        argv += ["--serve", m.key, "--threads", str(n), "--port", str(port)]
+        xpu_port = m.config.xpu.port if i == 0 or m.config.xpu.port != cfg.xpu.port else 0
+        argv = ["worker", "--roles", "prefill,decode", "--device-class", "xpu"]
+        argv += ["--engine", plan.xpu_engine, "--serve", m.key]
+        argv += ["--threads", str(xpu_threads), "--port", str(xpu_port)]
         workers.append(_worker(f"worker-{m.key}", base + argv + common))
+        cpu_port = m.config.cpu.port if i == 0 or m.config.cpu.port != cfg.cpu.port else 0
+        for j in range(n_cpu):
+            cpu = ["worker", "--roles", "decode", "--device", "cpu", "--device-class", "cpu"]
+            cpu += ["--engine", plan.cpu_engine, "--serve", m.key, "--threads", str(cpu_threads)]
+            cpu += ["--port", str(cpu_port + j if cpu_port else 0)]
+            workers.append(_worker(f"cpu-worker-{m.key}-{j}", base + cpu + common))
     return workers
 
 

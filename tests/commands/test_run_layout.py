@@ -98,3 +98,33 @@ def test_a_farm_of_several_models_gets_a_worker_per_model_and_split_cores(tmp_pa
         assert argv[argv.index("--threads") + 1] == str(threads)
         assert argv[argv.index("--port") + 1] == str(port)
         assert argv[argv.index("--roles") + 1] == "prefill,decode"
+
+
+def test_each_model_gets_the_cpu_decode_workers_its_layout_asks_for(tmp_path):
+    """With --cpu-workers (or cpu.workers, or an accelerator) each model has its own CPU
+    decode workers on its streams, half of its threads beside its xPU-role worker's half."""
+    from syshax.shared.config_models import ModelEntry
+    from syshax.workers.model_split import split_threads
+
+    cfg = Config(
+        models=[
+            ModelEntry(model="default", served_model_name="a"),
+            ModelEntry(model="default", served_model_name="b", cpu={"port": 9300}),
+        ]
+    )
+    args = argparse.Namespace(engine="echo", cpu_workers=1, no_gateway=True)
+    children = run._children(args, cfg, None)
+    names = [c.name for c in children]
+    assert names == ["worker-a", "cpu-worker-a-0", "worker-b", "cpu-worker-b-0", "batch-worker"]
+    n = split_threads([1, 1], CORES)  # one file: equal shares
+    for child, serve, threads, port in zip(
+        children[:4],
+        ("a", "a", "b", "b"),
+        (max(1, n[0] // 2), max(1, n[0] - n[0] // 2), max(1, n[1] // 2), max(1, n[1] - n[1] // 2)),
+        (cfg.xpu.port, cfg.cpu.port, 0, 9300),  # model b: its entry's own cpu.port, no xPU port
+        strict=True,
+    ):
+        argv = child.argv
+        assert argv[argv.index("--serve") + 1] == serve
+        assert argv[argv.index("--threads") + 1] == str(threads)
+        assert argv[argv.index("--port") + 1] == str(port)
