@@ -18,6 +18,7 @@ from syshax.broker.keys import Keys
 from syshax.shared.config_models import ModelEntry
 from syshax.shared.tokenizer import Tokenizer
 
+from .amqp_server import amqp_prefix  # noqa: F401 - the fixture
 from .farm_procs import ProcFarm
 
 PROMPT = "The quick brown fox jumps over the lazy dog because"
@@ -151,3 +152,47 @@ def test_a_model_without_live_workers_leaves_v1_models_and_health(farm):
     assert [m["id"] for m in listed["data"]] == ["smol"]
     health = httpx.get(farm.url() + "/health", timeout=10)
     assert health.status_code == 503 and "'smol-echo'" in health.json()["reason"]
+
+
+def test_two_models_on_rabbitmq_job_queues(tmp_path, amqp_prefix):  # noqa: F811
+    """broker.jobs amqp: each model's jobs on its own RabbitMQ queues (both echo workers: the
+    worker refuses a job of another model, so a misrouted request would fail)."""
+    import pika
+    from syshax.broker.amqp_jobs import job_streams, queue_name
+
+    from .amqp_server import AMQP_URL, connect
+
+    keys = Keys(amqp_prefix)
+    names = ("m1", "m2")
+    try:
+        with ProcFarm(tmp_path, jobs="amqp", amqp_url=AMQP_URL, prefix=amqp_prefix) as f:
+            f.cfg.models = [ModelEntry(model="default", served_model_name=n) for n in names]
+            f.save_config()
+            for n in names:
+                f.start_worker(f"w-{n}", "prefill,decode", "xpu", args=("--serve", n))
+            f.start_gateway()
+            f.wait_registered([f"w-{n}" for n in names])
+            f.wait_healthy()
+            client = f.client()
+            for n in (*names, *names):
+                out = client.completions.create(model=n, prompt=PROMPT, max_tokens=3)
+                assert out.model == n and out.usage.completion_tokens == 3
+            conn = connect()
+            try:  # each model's queues exist (passive: an absent one is an error)
+                ch = conn.channel()
+                for n in names:
+                    for stream in job_streams(keys.for_model(n)):
+                        ch.queue_declare(queue_name(stream), passive=True)
+            finally:
+                conn.close()
+    finally:
+        conn = connect()
+        try:
+            ch = conn.channel()
+            for n in names:
+                for stream in job_streams(keys.for_model(n)):
+                    ch.queue_delete(queue_name(stream))
+        except pika.exceptions.AMQPError:
+            pass
+        finally:
+            conn.close()
