@@ -12,7 +12,7 @@
 # printed and kept in OUT/*.txt, per-request data in OUT/*.json. Takes ~15 min a round on 2
 # quiet cores. Note `uptime` before trusting a run: other work on the cores sets the tails.
 set -euo pipefail
-if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0; fi
+if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0; fi
 BASE=${1:-HEAD~1}
 ROUNDS=${2:-2}
 OUT=${3:-/tmp/itl-compare}
