@@ -122,36 +122,77 @@ def test_parse_gives_valid_objects(farm):
     assert valid / total >= 0.92, (valid, total)
 
 
+def _response_format(kind: str) -> dict:
+    if kind == "json_object":
+        return {"type": "json_object"}
+    return {"type": "json_schema", "json_schema": {"name": "person", "schema": Person.model_json_schema()}}  # fmt: skip
+
+
+def _stream_structured(farm, kind: str, prompt: str, seed: int, max_tokens: int) -> tuple[str, str]:
+    """One streamed structured answer: (finish_reason, text)."""
+    stream = farm.client(timeout=300).chat.completions.create(
+        model=MODEL, messages=_ask(prompt), response_format=_response_format(kind),
+        max_tokens=max_tokens, temperature=0.8, seed=seed, stream=True,
+    )  # fmt: skip
+    text, finish = "", None
+    for chunk in stream:
+        if chunk.choices:
+            text += chunk.choices[0].delta.content or ""
+            finish = chunk.choices[0].finish_reason or finish
+    return finish, text
+
+
+def _valid(kind: str, text: str) -> bool:
+    try:
+        obj = json.loads(text)
+        return isinstance(obj, dict) and (kind == "json_object" or bool(Person.model_validate(obj)))
+    except ValueError:  # json.JSONDecodeError and pydantic's ValidationError
+        return False
+
+
+# Prompts a client sends with response_format, some that do not fit the Person schema.
+STRUCTURED_PROMPTS = [
+    "Give a person as JSON.",
+    "A JSON object with one key, ok, set to true.",
+    "Describe a cat in JSON.",
+    "Invent a person; reply in JSON.",
+    "JSON for a book with title and year.",
+]
+
+
 @pytest.mark.parametrize("kind", ["json_schema", "json_object"])
 def test_streamed_structured_answers_are_valid_whenever_they_end(farm, kind):
-    # Valid whenever max_tokens is not reached (a free-form json_object may wander in a long
-    # string until it is: then it is cut, as any answer is).
-    rf = {"type": "json_object"}
-    if kind == "json_schema":
-        rf = {"type": "json_schema", "json_schema": {"name": "person", "schema": Person.model_json_schema()}}  # fmt: skip
+    # The quick check: every answer that ends is valid (the rate is the slow test's job).
     ended = 0
-    # (Greedy, the 135M model loops inside a free-form object: sampled answers end.)
-    runs = [("Give a person as JSON.", s) for s in (1, 2, 3)]
-    runs += [("A JSON object with one key, ok, set to true.", s) for s in (1, 2)]
-    for prompt, seed in runs:
-        stream = farm.client(timeout=120).chat.completions.create(
-            model=MODEL, messages=_ask(prompt), response_format=rf,
-            max_tokens=160, temperature=0.8, seed=seed, stream=True,
-        )  # fmt: skip
-        text, finish = "", None
-        for chunk in stream:
-            if chunk.choices:
-                text += chunk.choices[0].delta.content or ""
-                finish = chunk.choices[0].finish_reason or finish
+    for prompt, seed in [(STRUCTURED_PROMPTS[0], 1), (STRUCTURED_PROMPTS[1], 2)]:
+        finish, text = _stream_structured(farm, kind, prompt, seed, max_tokens=160)
         if finish == "length":
             continue
         ended += 1
-        assert finish == "stop", (finish, text)
-        obj = json.loads(text)
-        assert isinstance(obj, dict)
-        if kind == "json_schema":
-            Person.model_validate(obj)
+        assert finish == "stop" and _valid(kind, text), (finish, text)
     assert ended >= 1, "no answer ended before max_tokens: nothing was checked"
+
+
+@pytest.mark.slow
+def test_streamed_structured_answers_are_valid_at_a_client_max_tokens(farm):
+    # Issue 28's bar: at least 92% of streamed json_schema and json_object answers valid
+    # overall, all that end. Sampled (T=0.8): greedy, the 135M model loops inside a free-form
+    # object. The misses are json_object answers that loop (a key repeated in ever deeper
+    # objects, a word repeated in a string) until max_tokens; llama-server cuts some too.
+    valid = total = 0
+    bad = []
+    for kind in ("json_schema", "json_object"):
+        for prompt in STRUCTURED_PROMPTS:
+            for seed in (1, 2, 3, 4):
+                finish, text = _stream_structured(farm, kind, prompt, seed, max_tokens=512)
+                ok = _valid(kind, text)
+                total += 1
+                valid += ok
+                if finish != "length":
+                    assert finish == "stop" and ok, (kind, prompt, seed, finish, text)
+                elif not ok:
+                    bad.append((kind, prompt, seed, text[-80:]))
+    assert valid / total >= 0.92, (valid, total, bad)
 
 
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])  # fmt: skip
