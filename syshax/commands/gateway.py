@@ -36,6 +36,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="prompt + completion tokens (default: max_model_len)",
     )
+    _add_farm_arguments(opt)
+    _add_server_arguments(opt)
+
+
+def _add_farm_arguments(opt) -> None:
+    """Where the farm is and what the gateway lets into it."""
     opt("--redis-url", default=None, help="Redis of the farm (default: redis.url)")
     opt("--key-prefix", default=None, help="prefix of every Redis key (default: redis.prefix)")
     opt(
@@ -62,6 +68,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="accepted API key, repeatable (default: api_keys; none = no authentication)",
     )
+
+
+def _add_server_arguments(opt) -> None:
+    """How the HTTP server treats connections: streams, bodies, stopping, sockets, logs."""
     opt(
         "--disconnect-grace",
         type=float,
