@@ -75,7 +75,20 @@ class LocalCluster:
         if out.returncode != 0:
             raise RuntimeError(f"redis-cli --cluster create failed: {out.stdout}{out.stderr}")
         self.wait_ok(timeout)
+        self.wait_replicas_synced(timeout)
         return self
+
+    def wait_replicas_synced(self, timeout: float = 30.0) -> None:
+        """Until every replica's link to its primary is up: a replica that never finished its
+        first sync refuses to fail over (its data is "too old"), so a test that kills a primary
+        right after the cluster was created would wait for a failover that never comes."""
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            links = [_replica_link(p) for p in self.live_ports()]
+            if links.count("up") == NODES // 2 and "down" not in links:
+                return
+            time.sleep(0.1)
+        raise RuntimeError("the cluster's replicas did not finish their first sync")
 
     def wait_ok(self, timeout: float = 30.0) -> None:
         """Until every live node says cluster_state:ok and every slot has a primary."""
@@ -84,7 +97,18 @@ class LocalCluster:
             if all(self._node_ok(p) for p in self.live_ports()):
                 return
             time.sleep(0.1)
-        raise RuntimeError("the cluster did not become ok")
+        states = {p: self._node_state(p) for p in self.live_ports()}
+        raise RuntimeError(f"the cluster did not become ok in {timeout:.0f}s: {states}")
+
+    def _node_state(self, port: int) -> str:
+        """What one node says of the cluster, for a failure's message."""
+        with contextlib.closing(redis.Redis(port=port, socket_timeout=1)) as r:
+            try:
+                info = r.cluster("info")
+            except redis.RedisError as exc:
+                return f"{type(exc).__name__}: {exc}"
+        keep = ("cluster_state", "cluster_slots_ok", "cluster_slots_fail", "cluster_known_nodes")
+        return ", ".join(f"{k}={info.get(k)}" for k in keep)
 
     def _node_ok(self, port: int) -> bool:
         with contextlib.closing(redis.Redis(port=port, socket_timeout=1)) as r:
@@ -164,3 +188,13 @@ def _free(port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+def _replica_link(port: int) -> str | None:
+    """A replica's master_link_status ("up" / "down"); None for a primary or a silent node."""
+    with contextlib.closing(redis.Redis(port=port, socket_timeout=1)) as r:
+        try:
+            info = r.info("replication")
+        except redis.RedisError:
+            return "down"
+    return info.get("master_link_status") if info.get("role") == "slave" else None

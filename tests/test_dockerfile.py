@@ -125,7 +125,11 @@ def test_wheel_builds_from_a_clean_checkout(tmp_path: Path) -> None:
         installed = package.replace(".", "/")
         modules = sorted(p.name for p in (src / folder).glob("*.py"))
         data = table.get("package-data", {}).get(package, [])
-        files = modules + sorted(p.name for pat in data for p in (src / folder).glob(pat))
+        # package-data patterns may name subfolders (templates/x/*.html): keep the path under
+        # the package, not just the file's name.
+        files = modules + sorted(
+            p.relative_to(src / folder).as_posix() for pat in data for p in (src / folder).glob(pat)
+        )
         assert files, f"{folder}/ has nothing to package"
         lost = [f for f in files if f"{installed}/{f}" not in names]
         assert not lost, f"{package} ({folder}/): not in the wheel: {lost}"
