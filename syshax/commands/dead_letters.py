@@ -69,22 +69,12 @@ def run(args: argparse.Namespace) -> int:
     import redis
 
     from syshax.broker import dead_letters
-    from syshax.broker.connect import sync_client
-    from syshax.broker.keys import Keys
-    from syshax.shared import farm_file
-    from syshax.shared.config import ConfigError, load_config, resolve_config_path
+    from syshax.commands.farm_access import open_farm
 
-    try:
-        cfg = load_config(args.config)
-    except ConfigError as exc:
-        print(f"syshax dead-letters: {exc}", file=sys.stderr)
+    farm = open_farm(args, "dead-letters")
+    if farm is None:
         return 2
-    url = farm_file.redis_url(args.redis_url, cfg, resolve_config_path(args.config), "dead-letters")
-    if not url:
-        print(f"syshax dead-letters: {farm_file.NO_FARM}", file=sys.stderr)
-        return 2
-    r = sync_client(url, socket_connect_timeout=2, socket_timeout=5)
-    keys = Keys(cfg.redis.prefix)
+    r, keys = farm.redis, farm.keys
     try:
         if args.action == "list":
             _print_list(dead_letters.list_dead(r, keys, args.count))

@@ -105,24 +105,12 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.live import Live
 
-    from syshax.broker.connect import sync_client
-    from syshax.broker.keys import Keys
-    from syshax.shared.config import ConfigError, load_config
+    from syshax.commands.farm_access import open_farm
 
-    try:
-        cfg = load_config(args.config)
-    except ConfigError as exc:
-        print(f"syshax top: {exc}", file=sys.stderr)
+    farm = open_farm(args, "top")
+    if farm is None:
         return 2
-    from syshax.shared import farm_file
-    from syshax.shared.config import resolve_config_path
-
-    url = farm_file.redis_url(args.redis_url, cfg, resolve_config_path(args.config), "top")
-    if not url:
-        print(f"syshax top: {farm_file.NO_FARM}", file=sys.stderr)
-        return 2
-    r = sync_client(url, socket_connect_timeout=2, socket_timeout=5)
-    keys = Keys(cfg.redis.prefix)
+    cfg, r, keys = farm
     models = tuple(m.key for m in cfg.served_models())
     console = Console()
     try:
