@@ -250,12 +250,15 @@ class Scheduler:
             budget -= 1
         if self.spec is not None:
             budget -= self._speculate(step.chunks, budget)
-        if step.chunks:
+        prompts = [s for s in self.running if s.length - s.num_cached > 1]
+        # The step model is fitted only when prompt rows could join this step (a prompt under
+        # way or waiting), not on every pure decode step.
+        if step.chunks and (prompts or self.waiting):
             timed = self.prompt_budget.stretch is not None
             allowed = self.prompt_budget.rows(step.num_rows, self.step_model() if timed else None)
             if allowed is not None:
                 budget = min(budget, allowed)
-        for seq in [s for s in self.running if s.length - s.num_cached > 1]:
+        for seq in prompts:
             if budget <= 0:
                 return step
             n = min(seq.length - seq.num_cached, budget)
