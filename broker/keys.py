@@ -162,6 +162,10 @@ class Keys:
         return f"{self.farm}:dispatch:recent"
 
     def dispatch_count(self, device_class: str) -> str:
+        """Decisions sent to `device_class`; a model of a farm of several counts its own
+        (`syshax top` and the Farm page show each model's and their sum)."""
+        if self.model:
+            return f"{self.farm}:model:{self.model}:dispatch:count:{device_class}"
         return f"{self.farm}:dispatch:count:{device_class}"
 
     @property
