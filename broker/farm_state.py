@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import redis
 
+from .dead_letters import list_dead
 from .keys import DEVICE_CLASSES, KEYS, Keys
 from .kv_store import KVStore
 from .worker_io import live_workers
@@ -21,9 +22,13 @@ def per_model(workers: list[dict]) -> dict[str, dict[str, int]]:
     return out
 
 
+DEAD_SHOWN = 5  # dead letters `syshax top` lists (`syshax dead-letters list` shows them all)
+
+
 def snapshot(r: redis.Redis, keys: Keys = KEYS, models: tuple[str, ...] = ("",)) -> dict:
     """Everything `syshax top` shows, read in a few round trips: live workers, each stream's
-    waiting and taken entries, the last dispatcher decisions and their counts, KV leases.
+    waiting and taken entries, the last dispatcher decisions and their counts, KV leases, and
+    how many dead letters there are with the newest `DEAD_SHOWN` (dead_letters.list_dead).
     `models`: the stream keys of the farm's models (config `models:`; "" = the one model's
     streams); a farm of several shows each model's streams under its name, and its capacity."""
     streams = {}
@@ -39,6 +44,7 @@ def snapshot(r: redis.Redis, keys: Keys = KEYS, models: tuple[str, ...] = ("",))
     pipe.lrange(keys.dispatch_log, 0, 9)
     for c in DEVICE_CLASSES:
         pipe.get(keys.dispatch_count(c))
+    pipe.xlen(keys.dead_letter_stream)
     replies = pipe.execute(raise_on_error=False)
     queues = {}
     for i, name in enumerate(streams):
@@ -48,7 +54,11 @@ def snapshot(r: redis.Redis, keys: Keys = KEYS, models: tuple[str, ...] = ("",))
         queues[name] = (max(length - taken, 0), taken)
     rest = replies[2 * len(streams) :]
     decisions = [d.decode() if isinstance(d, bytes) else d for d in rest[0]]
-    counts = {c: int(v or 0) for c, v in zip(DEVICE_CLASSES, rest[1:], strict=True)}
+    counts = {
+        c: int(v or 0)
+        for c, v in zip(DEVICE_CLASSES, rest[1 : 1 + len(DEVICE_CLASSES)], strict=True)
+    }
+    dead_count = rest[-1] if isinstance(rest[-1], int) else 0
     leases, nbytes = KVStore(r, keys).stats()
     workers = sorted(
         live_workers(r, keys),
@@ -61,4 +71,8 @@ def snapshot(r: redis.Redis, keys: Keys = KEYS, models: tuple[str, ...] = ("",))
         "decisions": decisions,
         "counts": counts,
         "kv": (leases, nbytes),
+        "dead_letters": {
+            "count": dead_count,
+            "newest": list_dead(r, keys, DEAD_SHOWN) if dead_count else [],
+        },
     }

@@ -74,7 +74,33 @@ def render(snap: dict):
         with contextlib.suppress(ValueError):  # a foreign entry keeps its raw stamp
             stamp = time.strftime("%H:%M:%S", time.localtime(float(stamp)))
         recent.add_row(Text(f"{stamp} {rest}"))  # plain text: "[slo]" is no markup tag
-    return Group(workers, *_models_table(snap.get("models") or {}), queues, recent)
+    return Group(
+        workers, *_models_table(snap.get("models") or {}), queues, recent, _dead_table(snap)
+    )
+
+
+DEAD_HINT = "syshax dead-letters requeue ID | drop ID (list: syshax dead-letters list)"
+
+
+def _dead_table(snap: dict):
+    """The dead letters: how many, the newest few with their reasons, and the command that
+    requeues or drops one (top only shows; acting asks for a confirmation there)."""
+    from rich.table import Table
+    from rich.text import Text
+
+    dead = snap.get("dead_letters") or {"count": 0, "newest": []}
+    if not dead["count"]:
+        return Text("dead letters: none")
+    shown = len(dead["newest"])
+    newest = f", newest {shown}" if shown < dead["count"] else ""
+    table = Table(title=f"dead letters: {dead['count']}{newest}", caption=DEAD_HINT, expand=True)
+    for col in ("id", "age", "stream", "request", "reason"):
+        table.add_column(col)
+    for d in dead["newest"]:
+        age = f"{d.age_s:.0f}s" if d.age_s is not None else "?"
+        # Text, not markup: a reason may hold "[...]" that rich would read as a style tag.
+        table.add_row(d.id, age, d.stream, d.request_id or "(undecodable)", Text(d.reason))
+    return table
 
 
 def _models_table(models: dict) -> list:
