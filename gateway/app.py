@@ -335,16 +335,7 @@ class Gateway:
                 waiting, in_flight = await self.broker.stream_stats(stream, keys.prefill_group)
                 m.queue_length.labels(name).set(waiting)
                 m.in_flight.labels(name).set(in_flight)
-            running = dict.fromkeys(DEVICE_CLASSES, 0)
-            waiting_in = dict.fromkeys(DEVICE_CLASSES, 0)
-            for w in await self.broker.workers():
-                cls = w.get("device_class")
-                if cls in running:
-                    running[cls] += int(w.get("running", 0))
-                    waiting_in[cls] += int(w.get("waiting", 0))
-            for cls in DEVICE_CLASSES:
-                m.workers_running.labels(cls).set(running[cls])
-                m.workers_waiting.labels(cls).set(waiting_in[cls])
+            m.set_devices(await self.broker.workers(), [r.name for r in self.router.routes])
             leases, nbytes = await self.broker.kv_stats()
             m.kv_leases.set(leases)
             m.kv_lease_bytes.set(nbytes)

@@ -15,6 +15,7 @@ from prometheus_client import (
     generate_latest,
 )
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from syshax.broker.keys import DEVICE_CLASSES
 
 from .itl_tails import ItlTails
 
@@ -54,16 +55,23 @@ class Metrics:
             ["stream"],
             registry=r,
         )
+        # Per served model and device class: a model's dispatcher weighs only its own workers.
         self.workers_running = Gauge(
             "syshax:num_requests_running_by_device",
-            "Sequences running on the live workers of a device class (from heartbeats).",
-            ["device_class"],
+            "Sequences running on the live workers of a model and device class (heartbeats).",
+            ["device_class", "model"],
             registry=r,
         )
         self.workers_waiting = Gauge(
             "syshax:num_requests_waiting_by_device",
-            "Sequences waiting inside the live workers of a device class (from heartbeats).",
-            ["device_class"],
+            "Sequences waiting inside the live workers of a model and device class (heartbeats).",
+            ["device_class", "model"],
+            registry=r,
+        )
+        self.decode_capacity = Gauge(
+            "syshax:decode_capacity_by_device",
+            "Sequences the live decode workers of a model and device class run at once.",
+            ["device_class", "model"],
             registry=r,
         )
         self.kv_leases = Gauge(
@@ -102,6 +110,27 @@ class Metrics:
         """A choice's token reached the gateway `gap` seconds after its previous one."""
         self.itl.observe(gap)
         self.itl_tails.add(worker, gap, now)
+
+    def set_devices(self, workers: list[dict], models: list[str]) -> None:
+        """Sequences running and waiting, and decode capacity, per served model and device
+        class from the live heartbeats (`workers`). Every model in `models` (the routes') has
+        its rows, 0 while none of its workers lives; a model no longer served loses them."""
+        rows = {(cls, model): [0, 0, 0] for model in models for cls in DEVICE_CLASSES}
+        for w in workers:
+            cls = w.get("device_class")
+            if cls not in DEVICE_CLASSES:
+                continue
+            row = rows.setdefault((cls, str(w.get("model", ""))), [0, 0, 0])
+            row[0] += int(w.get("running", 0))
+            row[1] += int(w.get("waiting", 0))
+            if "decode" in str(w.get("roles", "")).split(","):
+                row[2] += int(w.get("capacity", 0))
+        for gauge in (self.workers_running, self.workers_waiting, self.decode_capacity):
+            gauge.clear()  # no stale series of a model whose workers all left
+        for (cls, model), (running, waiting, capacity) in rows.items():
+            self.workers_running.labels(cls, model).set(running)
+            self.workers_waiting.labels(cls, model).set(waiting)
+            self.decode_capacity.labels(cls, model).set(capacity)
 
     def request_done(self, endpoint: str, status: int) -> None:
         self.requests.labels(endpoint=endpoint, status=str(status)).inc()

@@ -25,9 +25,11 @@ STALL_AFTER = 30.0  # seconds without a loop turn before /health reports the wor
 
 
 class WorkerMetrics:
-    def __init__(self, worker_id: str, device_class: str):
+    def __init__(self, worker_id: str, device_class: str, model: str = ""):
+        """`model`: the served model's name (every series carries it, so a farm of several
+        models sums capacity, tokens and dispatch decisions per model)."""
         self.registry = CollectorRegistry()
-        labels = {"worker": worker_id, "device_class": device_class}
+        labels = {"worker": worker_id, "device_class": device_class, "model": model}
         names = list(labels)
 
         def gauge(name: str, doc: str) -> Gauge:

@@ -98,11 +98,12 @@ def serve(
     from syshax.broker.connect import sync_client
     from syshax.broker.keys import Keys
 
+    from . import loop_trace
     from .metrics import WorkerMetrics, serve_metrics
     from .worker import Worker
 
     opts, dispatcher = worker_options(s), dispatcher_of(s)
-    metrics = WorkerMetrics(s.worker_id, s.device_class)
+    metrics = WorkerMetrics(s.worker_id, s.device_class, s.served_model)
     if s.metrics_port:
         serve_metrics(metrics, s.metrics_host, s.metrics_port)
     r = sync_client(redis_url, health_check_interval=10)  # a cluster's when it is one
@@ -117,6 +118,7 @@ def serve(
             worker = Worker(
                 engine, r, opts, dispatcher, Keys(s.config.redis.prefix, s.stream_model), metrics
             )
+            loop_trace.install(worker)  # only with SYSHAX_LOOP_TRACE set (a benchmark's)
             connected_at = time.monotonic()
             log.info("worker %s ready: %s", s.worker_id, ready_line(s))
             worker.serve(stop, drain_timeout=drain_timeout)

@@ -60,7 +60,9 @@ class Worker:
         metrics: WorkerMetrics | None = None,
     ):
         self.engine, self.r, self.opts, self.keys = engine, r, opts, keys
-        self.metrics = metrics or WorkerMetrics(opts.worker_id, opts.device_class)
+        self.metrics = metrics or WorkerMetrics(
+            opts.worker_id, opts.device_class, opts.served_model
+        )
         self.dispatcher = dispatcher
         self.streams = Streams.open(r, opts, keys)
         self.publisher = TokenPublisher(r, keys, opts.output_ttl)

@@ -197,7 +197,9 @@ def test_metrics(thread_farm):
     assert 'syshax:queue_pending{stream="decode:cpu"} 0.0' in text
     assert 'syshax:queue_length{stream="prefill:batch"} 0.0' in text
     assert "syshax:kv_leases 0.0" in text and "syshax:kv_lease_bytes 0.0" in text
-    assert 'syshax:num_requests_running_by_device{device_class="xpu"}' in text
+    # per served model and device class (a farm of several: each model's own rows)
+    assert f'syshax:decode_capacity_by_device{{device_class="xpu",model="{f.model}"}}' in text
+    assert f'syshax:num_requests_running_by_device{{device_class="xpu",model="{f.model}"}}' in text
 
 
 def test_gateway_does_not_import_torch():

@@ -10,7 +10,7 @@ from syshax.workers.metrics import WorkerMetrics, serve_metrics
 
 
 def test_metrics_and_health_endpoint():
-    m = WorkerMetrics("w1", "cpu")
+    m = WorkerMetrics("w1", "cpu", "smol")
     port = free_port()
     server = serve_metrics(m, "127.0.0.1", port)
     try:
@@ -18,12 +18,12 @@ def test_metrics_and_health_endpoint():
         m.generation_tokens.inc(42)
         m.dispatch.labels(**m.labels, device="cpu", rule="slo").inc()
         text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
-        assert 'syshax:num_requests_running{device_class="cpu",worker="w1"} 3.0' in text
-        assert 'syshax:generation_tokens_total{device_class="cpu",worker="w1"} 42.0' in text
-        assert (
-            'syshax:dispatcher_decisions_total{device="cpu",device_class="cpu",rule="slo",worker="w1"} 1.0'
-            in text
-        )
+        # every series names the served model: a farm of several sums them per model
+        labels = 'device_class="cpu",model="smol",worker="w1"'
+        assert f"syshax:num_requests_running{{{labels}}} 3.0" in text
+        assert f"syshax:generation_tokens_total{{{labels}}} 42.0" in text
+        decisions = 'device="cpu",device_class="cpu",model="smol",rule="slo",worker="w1"'
+        assert f"syshax:dispatcher_decisions_total{{{decisions}}} 1.0" in text
         ok = httpx.get(f"http://127.0.0.1:{port}/health")
         assert ok.status_code == 200 and ok.json()["status"] == "ok"
         m.last_turn = time.monotonic() - 3600  # a loop that stopped turning
