@@ -106,3 +106,54 @@ def test_compose_monitoring_profile_scrapes_the_farm():
     # The workers' /metrics listen beyond their container's loopback, or nothing reaches them.
     xpu = cfg.get("xpu") or cfg["gpu"]  # the section's new name or its alias
     assert xpu["host"] == "0.0.0.0" and cfg["cpu"]["host"] == "0.0.0.0"
+
+
+# Grafana itself is in no package registry this project reaches (not in Debian; PyPI's and
+# npm's "grafana" packages are clients and libraries, not the server), so the dashboard is
+# checked here for the shape Grafana's file provisioning loads; its PromQL runs on a real
+# Prometheus in tests/test_prometheus_live.py (`make test-monitoring`).
+PANEL_TYPES = {"row", "timeseries", "stat", "gauge", "bargauge", "table", "heatmap"}
+GRID_COLUMNS = 24  # Grafana's grid width
+
+
+def test_the_dashboard_has_the_shape_grafana_provisions():
+    board = json.loads(DASHBOARD.read_text())
+    assert board["uid"] and board["title"] and isinstance(board["schemaVersion"], int)
+    assert board["time"]["from"].startswith("now-") and board["refresh"]
+    panels = board["panels"]
+    ids = [p["id"] for p in panels]
+    assert len(ids) == len(set(ids)) and all(isinstance(i, int) for i in ids), ids
+    cells: dict[tuple[int, int], int] = {}
+    for p in panels:
+        assert p["type"] in PANEL_TYPES, (p["id"], p["type"])
+        assert p["title"], p["id"]
+        g = p["gridPos"]
+        assert all(isinstance(g[k], int) for k in ("x", "y", "w", "h")), p["id"]
+        assert g["w"] > 0 and g["h"] > 0 and g["x"] >= 0 and g["x"] + g["w"] <= GRID_COLUMNS
+        for x in range(g["x"], g["x"] + g["w"]):  # no two panels on one grid cell
+            for y in range(g["y"], g["y"] + g["h"]):
+                assert (x, y) not in cells, f"panels {cells.get((x, y))} and {p['id']} overlap"
+                cells[x, y] = p["id"]
+        if p["type"] == "row":
+            assert not p.get("targets"), p["id"]
+            continue
+        assert p["datasource"] == {"type": "prometheus", "uid": "syshax-prometheus"}, p["id"]
+        refs = [t["refId"] for t in p["targets"]]
+        assert p["targets"] and len(refs) == len(set(refs)), (p["id"], refs)
+        for t in p["targets"]:
+            assert isinstance(t["expr"], str) and t["expr"].strip(), (p["id"], t)
+            assert t["expr"].count("(") == t["expr"].count(")"), (p["id"], t["expr"])
+            assert t["datasource"] == p["datasource"], (p["id"], t["refId"])
+
+
+def test_grafana_provisioning_finds_the_dashboard_where_compose_mounts_it():
+    grafana = yaml.safe_load((ROOT / "compose.yaml").read_text())["services"]["grafana"]
+    mounts = dict(v.rsplit(":", 1)[0].split(":", 1) for v in grafana["volumes"])
+    assert mounts["./deploy/grafana/provisioning"] == "/etc/grafana/provisioning"
+    provider = yaml.safe_load(
+        (ROOT / "deploy/grafana/provisioning/dashboards/syshax.yaml").read_text()
+    )["providers"][0]
+    assert provider["type"] == "file"
+    assert mounts["./deploy/grafana/dashboards"] == provider["options"]["path"]
+    home = grafana["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
+    assert home == f"{provider['options']['path']}/{DASHBOARD.name}"
