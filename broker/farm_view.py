@@ -18,6 +18,7 @@ from . import itl_tails
 from .dead_letters import list_dead
 from .keys import DEVICE_CLASSES, KEYS, Keys
 from .liveness import heartbeat_ttl
+from .model_state import dispatch_counts, job_streams, model_rows, total_counts
 from .schemas import KVHandle, SchemaError
 from .worker_io import live_workers
 
@@ -32,13 +33,7 @@ def _s(x: Any) -> Any:
 def work_streams(keys: Keys = KEYS, models: tuple[str, ...] = ("",)) -> dict[str, str]:
     """Display name -> stream key of every stream a worker reads. `models`: the stream keys of
     the farm's models (config `models:`; "" = the one model's), each one's named after it."""
-    streams = {}
-    for model in models:
-        k, name = keys.for_model(model), f"{model} " if model else ""
-        streams[f"{name}prefill"] = k.prefill_stream
-        streams[f"{name}prefill:batch"] = k.prefill_batch_stream
-        streams.update({f"{name}decode:{c}": k.decode_stream(c) for c in DEVICE_CLASSES})
-    return streams
+    return {name: key for name, (_, key) in job_streams(keys, models).items()}
 
 
 def _id_age(entry_id: Any, now: float) -> float | None:
@@ -128,14 +123,15 @@ def worker_view(info: dict[str, str], now: float) -> dict:
     }
 
 
-def dispatcher_view(r: redis.Redis, keys: Keys = KEYS, count: int = 20) -> dict:
-    """The dispatcher's decision counts per device class and its last `count` decisions, each
-    split into time, device, rule and reason (`record_dispatch`'s format)."""
-    pipe = r.pipeline(transaction=False)
-    pipe.lrange(keys.dispatch_log, 0, count - 1)
-    for c in DEVICE_CLASSES:
-        pipe.get(keys.dispatch_count(c))
-    raw, *counts = pipe.execute()
+def dispatcher_view(
+    r: redis.Redis, keys: Keys = KEYS, count: int = 20, models: tuple[str, ...] = ("",)
+) -> dict:
+    """The dispatcher's decision counts per device class (every model's summed; `by_model`:
+    each one's, in a farm of several) and its last `count` decisions, each split into time,
+    device, rule, model (of several; "" else) and reason (`record_dispatch`'s format)."""
+    raw = r.lrange(keys.dispatch_log, 0, count - 1)
+    counts = dispatch_counts(r, keys, models)
+    named = sorted((m for m in models if m), key=len, reverse=True)  # "a-b" before "a"
     decisions = []
     for line in raw:
         stamp, _, rest = _s(line).partition(" ")
@@ -143,13 +139,18 @@ def dispatcher_view(r: redis.Redis, keys: Keys = KEYS, count: int = 20) -> dict:
         rule = ""
         if what.startswith("[") and "] " in what:
             rule, _, what = what[1:].partition("] ")
+        model = next((m for m in named if what.startswith(f"{m}: ")), "")
         try:
             at: float | None = float(stamp)
         except ValueError:
             at = None  # a foreign entry: shown as it is
-        decisions.append({"at": at, "device": device, "rule": rule, "reason": what})
+        reason = what[len(model) + 2 :] if model else what
+        decisions.append(
+            {"at": at, "device": device, "rule": rule, "model": model, "reason": reason}
+        )
     return {
-        "counts": {c: int(v or 0) for c, v in zip(DEVICE_CLASSES, counts, strict=True)},
+        "counts": total_counts(counts),
+        "by_model": {m: c for m, c in counts.items() if m},
         "decisions": decisions,
     }
 
@@ -217,6 +218,21 @@ def itl_view(r: redis.Redis, keys: Keys = KEYS, now: float | None = None) -> lis
     return out
 
 
+def _per_model(
+    models: tuple[str, ...], workers: list[dict], streams: list[dict], counts: dict
+) -> dict[str, dict]:
+    """A farm of several models: each one's row (model_state.model_rows); {} for one model."""
+    if not any(models):
+        return {}
+    names = job_streams(KEYS, models)  # display name -> (model, key): the names are prefix-free
+    waiting = dict.fromkeys(models, 0)
+    for st in streams:
+        model = names[st["name"]][0] if st["name"] in names else None
+        if model is not None:
+            waiting[model] += st["waiting"]
+    return model_rows(models, workers, counts, waiting)  # worker_view's rows carry its fields
+
+
 def farm_view(
     r: redis.Redis,
     keys: Keys = KEYS,
@@ -233,14 +249,17 @@ def farm_view(
         )
     ]
     dead = list_dead(r, keys, MAX_DEAD, now)
+    streams = streams_view(r, keys, now, models)
+    dispatcher = dispatcher_view(r, keys, models=models)
     return {
         "now": now,
         "prefix": keys.prefix,
         "device_classes": list(DEVICE_CLASSES),
-        "streams": streams_view(r, keys, now, models),
+        "streams": streams,
         "workers": workers,
         "models": sorted({w["model"] for w in workers if w["model"]}),
-        "dispatcher": dispatcher_view(r, keys),
+        "per_model": _per_model(models, workers, streams, dispatcher["by_model"]),
+        "dispatcher": dispatcher,
         "kv": leases_view(r, keys, now, kv_ttl),
         "itl_tails": itl_view(r, keys, now),
         "dead_letters": {

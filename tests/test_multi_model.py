@@ -121,15 +121,20 @@ def test_top_and_the_farm_page_show_each_models_queues_and_capacity(farm):
             break
         time.sleep(0.25)
     assert {"smol prefill", "smol-echo prefill", "smol decode:xpu"} <= set(snap["queues"])
-    assert snap["models"] == {
-        "smol": {"workers": 1, "load": 0, "capacity": 8},
-        "smol-echo": {"workers": 1, "load": 0, "capacity": 4},  # its entry's xpu.max_batch_size
-    }
+    rows = {n: (m["workers"], m["load"], m["capacity"]) for n, m in snap["models"].items()}
+    assert rows == {"smol": (1, 0, 8), "smol-echo": (1, 0, 4)}  # its entry's xpu.max_batch_size
+    assert snap["models"]["smol-echo"]["devices"]["xpu"]["capacity"] == 4
     reasons = {d.split(" ", 3)[3].split(":")[0] for d in snap["decisions"]}
     assert reasons == {"smol", "smol-echo"}  # each dispatch says whose it was
+    # each model's dispatcher counted its own decisions (every request above: one each)
+    for row in snap["models"].values():
+        assert row["dispatch"]["xpu"] >= 1 and row["dispatch"]["cpu"] == 0
+    assert snap["counts"]["xpu"] == sum(m["dispatch"]["xpu"] for m in snap["models"].values())
     page = farm_view(farm.r, Keys(farm.cfg.redis.prefix), models=models)
     assert {"smol prefill", "smol-echo decode:xpu"} <= {s["name"] for s in page["streams"]}
     assert page["models"] == ["smol", "smol-echo"]
+    assert set(page["per_model"]) == {"smol", "smol-echo"}
+    assert {d["model"] for d in page["dispatcher"]["decisions"]} == {"smol", "smol-echo"}
 
 
 def test_health_and_metrics_cover_each_model(farm):
@@ -138,6 +143,9 @@ def test_health_and_metrics_cover_each_model(farm):
     text = httpx.get(farm.url() + "/metrics", timeout=10).text
     for name in ("smol prefill", "smol-echo prefill", "smol-echo decode:cpu"):
         assert f'syshax:queue_length{{stream="{name}"}}' in text
+    # capacity per model and device class (the echo entry's xpu.max_batch_size is 4)
+    for model, cap in (("smol", 8), ("smol-echo", 4)):
+        assert f'decode_capacity_by_device{{device_class="xpu",model="{model}"}} {cap}.0' in text
 
 
 def test_a_model_without_live_workers_leaves_v1_models_and_health(farm):

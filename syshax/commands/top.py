@@ -104,16 +104,32 @@ def _dead_table(snap: dict):
 
 
 def _models_table(models: dict) -> list:
-    """A farm of several models: each one's workers and load / decode capacity."""
+    """A farm of several models: each one's workers, its sequences (running + waiting) over
+    its decode capacity per device class, the jobs waiting on its streams and its dispatcher's
+    decisions per class (broker/model_state.model_rows). Each model's dispatcher weighs only
+    its own workers: one model's full xPU does not send another's decodes to the CPU."""
     from rich.table import Table
 
     if not models:
         return []
     table = Table(title="models (sequences running + waiting / decode capacity)", expand=True)
-    for col in ("model", "workers", "load / capacity"):
+    for col in ("model", "workers", "xPU", "CPU", "jobs waiting", "dispatched xPU / CPU"):
         table.add_column(col)
     for name, row in sorted(models.items()):
-        table.add_row(name or "?", str(row["workers"]), f"{row['load']} / {row['capacity']}")
+        devices = row.get("devices") or {}
+        per_class = [
+            f"{d['running'] + d['waiting']} / {d['capacity']}" if d["decoders"] else "-"
+            for d in (devices.get(c) for c in ("xpu", "cpu"))
+            if d is not None
+        ]
+        dispatch = row.get("dispatch") or {}
+        table.add_row(
+            name or "?",
+            str(row["workers"]),
+            *per_class,
+            str(row.get("jobs_waiting", 0)),
+            f"{dispatch.get('xpu', 0)} / {dispatch.get('cpu', 0)}",
+        )
     return [table]
 
 

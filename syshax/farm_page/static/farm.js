@@ -92,6 +92,22 @@ function drawWorkers(state) {
   });
 }
 
+function drawModels(state) {
+  // A farm of several models: each one's row (broker/model_state.py); hidden for one model.
+  const rows = Object.entries(state.per_model || {}).sort(([a], [b]) => a.localeCompare(b));
+  document.getElementById("per-model").hidden = rows.length === 0;
+  fill("model-rows", rows, (tr, [name, m]) => {
+    cell(tr, name || "?");
+    cell(tr, m.workers, "num");
+    for (const c of ["xpu", "cpu"]) {
+      const d = m.devices[c];
+      cell(tr, d.decoders ? `${d.running + d.waiting} / ${d.capacity}` : "–", "num");
+    }
+    cell(tr, m.jobs_waiting, "num");
+    cell(tr, `${m.dispatch.xpu} / ${m.dispatch.cpu}`, "num");
+  });
+}
+
 function drawDispatcher(state) {
   const d = state.dispatcher;
   document.getElementById("dispatch-counts").textContent = Object.entries(d.counts)
@@ -99,6 +115,7 @@ function drawDispatcher(state) {
     .join(", ");
   fill("decisions", d.decisions, (tr, x) => {
     cell(tr, clock(x.at));
+    cell(tr, x.model || "");
     cell(tr, x.device);
     cell(tr, x.rule);
     cell(tr, x.reason, "reason");
@@ -182,6 +199,7 @@ async function refresh() {
     document.getElementById("models").textContent = state.models.join(", ") || "–";
     drawStreams(state);
     drawWorkers(state);
+    drawModels(state);
     drawDispatcher(state);
     drawDead(state);
     const updated = document.getElementById("updated");
