@@ -98,7 +98,8 @@ def test_a_url_prefix_prefixes_both(redis_url):
 def test_one_password_guards_both_pages_their_data_and_the_actions(redis_url):
     client = _client(redis_url, username="admin", password="s3cr3t")
     wrong = {"Authorization": "Basic YWRtaW46d3Jvbmc="}  # admin:wrong
-    for url in ("/", "/0/view/jobs", "/0/data/queues.json", "/farm/", "/farm/state.json"):
+    pages = ("/", "/0/view/jobs", "/0/data/queues.json", "/farm/", "/farm/state.json")
+    for url in (*pages, "/farm/static/farm.js"):  # the app's check: static files too
         assert client.get(url).status_code == 401, url
         assert client.get(url, headers=wrong).status_code == 401, url
         assert client.get(url, headers=AUTH).status_code == 200, url
