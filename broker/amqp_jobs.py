@@ -50,6 +50,9 @@ IDLE_POLL_S = 0.01
 HEARTBEAT_TICK_S = 1.0
 # Seconds a decode job's owner mark is kept without a deadline (the request's life at most).
 OWNER_TTL_S = 86_400
+# Headers of a job a worker dead-letters itself (`AmqpConnection.dead_letter`): why, and the
+# job stream it came from (RabbitMQ's own x-death says only "rejected" and the queue).
+REASON_HEADER, STREAM_HEADER, AT_HEADER = "x-syshax-reason", "x-syshax-stream", "x-syshax-at"
 # pika's errors that mean the connection (or channel) is gone.
 CONNECTION_ERRORS = (pika.exceptions.AMQPConnectionError, pika.exceptions.AMQPChannelError)
 
@@ -156,6 +159,23 @@ class AmqpConnection:
                 self.channel.basic_reject(entry.delivery_tag, requeue=False)
         except CONNECTION_ERRORS as exc:
             raise AmqpUnreachable(repr(exc)) from exc
+
+    def dead_letter(self, entry: AmqpEntry, reason: str) -> None:
+        """Publish a poison job to the dead-letter exchange with the reason and its stream,
+        confirmed, then ack it (a reject would record only "rejected"). A crash between the two
+        dead-letters it twice under one message id: `syshax dead-letters` acts on both."""
+        headers = {REASON_HEADER: reason[:2000], STREAM_HEADER: entry.stream, AT_HEADER: f"{time.time():.3f}"}  # fmt: skip
+        props = pika.BasicProperties(
+            delivery_mode=2, message_id=entry.message_id or uuid.uuid4().hex, headers=headers
+        )
+        try:
+            dlx = dead_letter_exchange(self.keys)
+            self.channel.basic_publish(dlx, "", entry.data or b"", props, mandatory=True)
+        except (pika.exceptions.UnroutableError, pika.exceptions.NackError) as exc:
+            raise AmqpUnreachable(f"dead letter not confirmed: {exc!r}") from exc
+        except CONNECTION_ERRORS as exc:
+            raise AmqpUnreachable(repr(exc)) from exc
+        self.settle(entry)
 
     def depth(self, stream: str) -> int:
         """Jobs ready in a queue (not counting those taken and not yet acked)."""
@@ -342,12 +362,13 @@ class AmqpQueues:
         self.amqp.settle(entry)
 
     def dead_letter(self, entry: Entry, reason: str) -> None:
-        """A poison job: rejected to the dead-letter exchange (kept for inspection)."""
+        """A poison job: to the dead-letter queue with its reason (kept for inspection;
+        `syshax dead-letters`, broker/amqp_dead_letters.py)."""
         if not isinstance(entry, AmqpEntry):
             self.redis_queues.dead_letter(entry, reason)
             return
         log.error("dead-lettering %s %s: %s", entry.stream, entry.entry_id, reason)
-        self.amqp.settle(entry, ok=False)
+        self.amqp.dead_letter(entry, reason)
 
     def close(self) -> None:
         self.amqp.close()

@@ -65,7 +65,7 @@ def _kind(stream: str, keys: Keys) -> str:
     return keys.job_kind(stream)  # any model's streams (config `models:`)
 
 
-def _decode(kind: str, data: bytes) -> PrefillJob | DecodeJob | None:
+def decode_job(kind: str, data: bytes) -> PrefillJob | DecodeJob | None:
     if not kind or not data:
         return None
     try:
@@ -78,7 +78,7 @@ def _letter(entry_id, fields: dict, keys: Keys, now: float) -> DeadLetter:
     f = {_s(k): v for k, v in fields.items()}
     stream, data = _s(f.get("stream")), f.get("j") or b""
     kind = _kind(stream, keys)
-    job = _decode(kind, data)
+    job = decode_job(kind, data)
     eid = _s(entry_id)
     try:
         age: float | None = round(now - int(eid.split("-", 1)[0]) / 1e3, 1)
@@ -118,7 +118,7 @@ def get_dead(r: redis.Redis, entry_id: str, keys: Keys = KEYS) -> DeadLetter:
     return _letter(rows[0][0], rows[0][1], keys, time.time())
 
 
-def _refreshed(job: PrefillJob | DecodeJob, now: float) -> PrefillJob | DecodeJob:
+def refreshed(job: PrefillJob | DecodeJob, now: float) -> PrefillJob | DecodeJob:
     """The job with its time budget again from now and, for a decode job, no KV lease."""
     budget = job.deadline - job.created if job.deadline and job.created else 0.0
     changes: dict = {"deadline": now + max(budget, MIN_BUDGET_S)} if job.deadline else {}
@@ -127,7 +127,7 @@ def _refreshed(job: PrefillJob | DecodeJob, now: float) -> PrefillJob | DecodeJo
     return msgspec.structs.replace(job, **changes)
 
 
-def _error_entries(r: redis.Redis, request_id: str, keys: Keys) -> list[str]:
+def error_entries(r: redis.Redis, request_id: str, keys: Keys) -> list[str]:
     """Ids of the entries of a request's output stream that hold only error events (a worker
     publishes a failure on its own; an entry with tokens in it is never removed)."""
     ids = []
@@ -148,14 +148,14 @@ def requeue(
     Raises DeadLetterError when there is no such letter or its job cannot run."""
     now = time.time() if now is None else now
     letter = get_dead(r, entry_id, keys)
-    job = _decode(_kind(letter.stream, keys), letter.data)
+    job = decode_job(_kind(letter.stream, keys), letter.data)
     if job is None:
         why = "not a work stream of this farm" if not _kind(letter.stream, keys) else "undecodable"
         raise DeadLetterError(
             f"dead letter {entry_id} cannot be requeued ({why}: a worker would dead-letter it "
             f"again); drop it instead"
         )
-    errors = _error_entries(r, job.request_id, keys)
+    errors = error_entries(r, job.request_id, keys)
     # The letter and its stream share the farm's hash slot (keys.py): one MULTI, on a Redis
     # Cluster too. The request's output has a slot of its own: cleaned after, and only once
     # the job is back (a refused requeue leaves the request's failure where it was).
@@ -166,7 +166,7 @@ def requeue(
         if not pipe.xrange(keys.dead_letter_stream, letter.id, letter.id):
             raise DeadLetterError(f"no dead letter {entry_id!r} (requeued or dropped already?)")
         pipe.multi()
-        pipe.xadd(letter.stream, {"j": _refreshed(job, now).pack()})
+        pipe.xadd(letter.stream, {"j": refreshed(job, now).pack()})
         pipe.xdel(keys.dead_letter_stream, letter.id)
         try:
             pipe.execute()
@@ -192,7 +192,7 @@ def requeue(
 def drop(r: redis.Redis, entry_id: str, keys: Keys = KEYS, who: str = "") -> DeadLetter:
     """Delete a dead letter for good (and free its decode job's KV lease, if any is left)."""
     letter = get_dead(r, entry_id, keys)
-    job = _decode(_kind(letter.stream, keys), letter.data)
+    job = decode_job(_kind(letter.stream, keys), letter.data)
     if isinstance(job, DecodeJob) and job.kv is not None:
         KVStore(r, keys).free(job.kv.handle_id)
     r.xdel(keys.dead_letter_stream, letter.id)
@@ -205,3 +205,28 @@ def drop(r: redis.Redis, entry_id: str, keys: Keys = KEYS, who: str = "") -> Dea
         letter.reason,
     )
     return letter
+
+
+class RedisDeadLetters:
+    """The Redis dead-letter stream as a job transport's dead letters (job_transport's
+    DeadLetterStore; RabbitMQ's: amqp_dead_letters.AmqpDeadLetters)."""
+
+    where = "the Redis dead-letter stream"
+
+    def __init__(self, r: redis.Redis, keys: Keys = KEYS):
+        self.r, self.keys = r, keys
+
+    def list(self, count: int = 50) -> list[DeadLetter]:
+        return list_dead(self.r, self.keys, count)
+
+    def get(self, letter_id: str) -> DeadLetter:
+        return get_dead(self.r, letter_id, self.keys)
+
+    def requeue(self, letter_id: str, who: str = "") -> DeadLetter:
+        return requeue(self.r, letter_id, self.keys, who)
+
+    def drop(self, letter_id: str, who: str = "") -> DeadLetter:
+        return drop(self.r, letter_id, self.keys, who)
+
+    def close(self) -> None:
+        pass  # the caller's Redis client

@@ -11,13 +11,16 @@ import asyncio
 import concurrent.futures
 import os
 import threading
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import redis
 
 from .keys import Keys
 from .schemas import RequestPart
 from .worker_io import CLAIM_MIN_IDLE_MS, Entry, WorkQueues
+
+if TYPE_CHECKING:
+    from .dead_letters import DeadLetter
 
 TRANSPORTS = ("redis", "amqp")
 
@@ -50,6 +53,41 @@ class JobQueue(Protocol):
         part: RequestPart | None,
         last: Entry | None,
     ) -> None: ...
+
+
+class DeadLetterStore(Protocol):
+    """Where a transport keeps the jobs workers set aside (`syshax dead-letters`): the Redis
+    dead-letter stream (dead_letters.RedisDeadLetters) or RabbitMQ's dead-letter queue
+    (amqp_dead_letters.AmqpDeadLetters). Raise dead_letters.DeadLetterError for no such
+    letter or one that cannot be requeued."""
+
+    where: str  # in words, for messages
+
+    def list(self, count: int = 50) -> list[DeadLetter]: ...
+    def get(self, letter_id: str) -> DeadLetter: ...
+    def requeue(self, letter_id: str, who: str = "") -> DeadLetter: ...
+    def drop(self, letter_id: str, who: str = "") -> DeadLetter: ...
+    def close(self) -> None: ...
+
+
+def open_dead_letters(
+    r: redis.Redis,
+    keys: Keys,
+    jobs: str = "redis",
+    amqp_url: str = "",
+    models: tuple[str, ...] = ("",),
+) -> DeadLetterStore:
+    """The dead letters of a farm on its transport (`broker.jobs`); `models`: the stream keys
+    of its models (RabbitMQ's letters name only their queue)."""
+    if jobs not in TRANSPORTS:
+        raise ValueError(f"broker.jobs must be one of {TRANSPORTS}, got {jobs!r}")
+    if jobs == "amqp":
+        from .amqp_dead_letters import AmqpDeadLetters
+
+        return AmqpDeadLetters(r, keys, amqp_url, models)
+    from .dead_letters import RedisDeadLetters
+
+    return RedisDeadLetters(r, keys)
 
 
 class WorkerJobs:

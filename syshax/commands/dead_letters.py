@@ -1,7 +1,9 @@
 """`syshax dead-letters`: the jobs workers set aside, listed, requeued or dropped.
 
 A worker dead-letters a job it must not run (undecodable, another model's, a KV cache it cannot
-import, one its engine failed on): the job is kept in the dead-letter stream with the reason.
+import, one its engine failed on): the job is kept with the reason, in the Redis dead-letter
+stream, or with `broker.jobs: amqp` in RabbitMQ's dead-letter queue (where RabbitMQ also puts a
+job delivered too often); the same actions work on both (broker/job_transport.open_dead_letters).
 `requeue ID` puts it back on the stream it came from (broker/dead_letters.py says what changes:
 a fresh deadline, a decode job's KV recomputed, the request's error events cleared); `drop ID`
 deletes it. Both ask for confirmation unless --yes, and are logged. The same actions are on
@@ -69,22 +71,27 @@ def run(args: argparse.Namespace) -> int:
     import redis
 
     from syshax.broker import dead_letters
+    from syshax.broker.job_transport import open_dead_letters
     from syshax.commands.farm_access import open_farm
 
     farm = open_farm(args, "dead-letters")
     if farm is None:
         return 2
-    r, keys = farm.redis, farm.keys
+    cfg = farm.cfg
+    models = tuple(m.key for m in cfg.served_models())
+    store = open_dead_letters(
+        farm.redis, farm.keys, cfg.broker.jobs, cfg.broker.amqp_url or "", models
+    )
     try:
         if args.action == "list":
-            _print_list(dead_letters.list_dead(r, keys, args.count))
+            _print_list(store.list(args.count))
             return 0
-        letter = dead_letters.get_dead(r, args.id, keys)
+        letter = store.get(args.id)
         if not _confirmed(args.action, letter, args.yes):
             print("nothing done")
             return 1
-        do = dead_letters.requeue if args.action == "requeue" else dead_letters.drop
-        do(r, args.id, keys, who=f"{getpass.getuser()} (cli)")
+        do = store.requeue if args.action == "requeue" else store.drop
+        do(args.id, who=f"{getpass.getuser()} (cli)")
         print(
             f"{args.id}: "
             + ("requeued on " + letter.stream if args.action == "requeue" else "dropped")
@@ -93,6 +100,12 @@ def run(args: argparse.Namespace) -> int:
     except dead_letters.DeadLetterError as exc:
         print(f"syshax dead-letters: {exc}", file=sys.stderr)
         return 1
-    except redis.ConnectionError as exc:
-        print(f"syshax dead-letters: Redis unreachable: {exc}", file=sys.stderr)
+    except redis.ConnectionError as exc:  # RabbitMQ's AmqpUnreachable is one too
+        amqp = type(exc).__name__ == "AmqpUnreachable"  # pika not imported for a Redis farm
+        print(
+            f"syshax dead-letters: {'RabbitMQ' if amqp else 'Redis'} unreachable: {exc}",
+            file=sys.stderr,
+        )
         return 1
+    finally:
+        store.close()
