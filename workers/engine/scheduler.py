@@ -300,7 +300,7 @@ class Scheduler:
             if k < 1:
                 seq.acceptance = self.spec.recovered(seq.acceptance)
                 continue
-            draft = self.spec.propose(seq.all_ids, k)
+            draft = self.spec.propose(seq.all_ids, k, seq, len(decodes))
             if draft and seq.constraint is not None:  # stop at the first refused token
                 draft = draft[: seq.constraint.valid_prefix(draft)]
             if draft and not self.blocks.grow(seq, seq.length + len(draft)):

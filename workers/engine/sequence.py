@@ -33,6 +33,7 @@ class Sequence:
     # Speculative decoding (speculative.py): the running average of the share of its proposed
     # tokens the target accepted (None before its first verified proposal).
     acceptance: float | None = None
+    ngram_draft: Any = None  # its last n-gram draft (ngram_lookup.OpenDraft), until settled
 
     @property
     def all_ids(self) -> list[int]:

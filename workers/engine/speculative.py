@@ -7,17 +7,22 @@ A sequence that proposes k tokens gets them checked in one step: the target mode
 the logits of all k+1 positions, the verifier (spec_verify.py) keeps the longest prefix the
 target agrees with and adds the target's own next token, so a step yields 1 to k+1 tokens.
 
-* Proposer: n-gram prompt lookup (vLLM's ngram proposer, llama.cpp's ngram modes): the last n
-  tokens (max_n down to min_n) are looked up in the sequence's prompt and output, the latest
-  earlier occurrence wins, and the k tokens that followed it are proposed. No extra model: it
-  pays on input-grounded work (repeat, rewrite, fix, extract, edit code).
+* Proposer: n-gram prompt lookup (vLLM's ngram proposer, llama.cpp's ngram modes): the longest
+  suffix of the sequence's ids (2 to 32 tokens) that occurred before in its prompt or output
+  is found (ngram_lookup.py), and the tokens that followed it are proposed (the latest
+  occurrence, unless most occurrences continue otherwise). No extra model: it pays on
+  input-grounded work (repeat, rewrite, fix, extract, edit code).
 * k adapts per sequence and to the machine: each sequence keeps an average of its per-token
   acceptance a (of the drafts checked, the share accepted), the engine reports what decode
   steps of each row count cost, and k (0 to `num_tokens`) is the one with the most expected
-  tokens (1 + a + ... + a^k) per second of step. Where extra rows are nearly free (a few rows
-  on a bandwidth-bound step) k stays high; where each row costs compute (one core, a large
-  model) only well-accepted drafts are proposed, and a sequence whose text is not in its
-  context stops paying for rows it throws away.
+  tokens (1 + a + ... + a^k) per second of step. An n-gram draft is priced after its match
+  is found: a is the average of the sequence's own and its match class's (the matched length
+  and whether the earlier occurrences agree, learned over every sequence's drafts), so a long
+  unanimous match proposes many tokens and a 1-2 token one in a paraphrase few or none.
+  Where extra rows are nearly free (a few rows on a bandwidth-bound step) k stays high;
+  where each row costs compute (one core, a large model) only well-accepted drafts are
+  proposed, and a sequence whose text is not in its context stops paying for rows it throws
+  away.
 * Off when compute-bound: the step's decode rows (one per stream plus the drafts) stay within
   `max_step_rows` (default 16, one GEMM tile). Draft rows share what is left after every
   stream's own row, so with 16 or more streams decoding nobody speculates.
@@ -25,9 +30,11 @@ target agrees with and adds the target's own next token, so a step yields 1 to k
 
 from __future__ import annotations
 
-from array import array
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
+from typing import Any
+
+from . import ngram_lookup
 
 METHODS = ("none", "ngram", "draft")
 DEFAULT_NUM_TOKENS = 5
@@ -46,7 +53,7 @@ class SpecConfig:
     method: str = "none"
     num_tokens: int = DEFAULT_NUM_TOKENS
     ngram_min: int = 2
-    ngram_max: int = 4
+    ngram_max: int = 32
     max_step_rows: int = DEFAULT_MAX_STEP_ROWS
     draft_model: str | None = None
 
@@ -73,30 +80,13 @@ class SpecConfig:
         return self
 
 
-def ngram_propose(ids: Seq[int], k: int, min_n: int, max_n: int) -> list[int]:
-    """Up to `k` tokens that followed the latest earlier occurrence of the last n tokens of
-    `ids` (n from max_n down to min_n; the longest match wins). [] when nothing matches."""
-    if k < 1 or len(ids) < min_n + 1:
-        return []
-    haystack = array("I", ids).tobytes()  # token ids as 4-byte words: bytes.rfind is C-fast
-    width = array("I").itemsize
-    for n in range(min(max_n, len(ids) - 1), min_n - 1, -1):
-        needle = haystack[-n * width :]
-        limit = len(haystack) - width  # the match must end before the last token
-        while (at := haystack.rfind(needle, 0, limit)) >= 0:
-            if at % width == 0:  # aligned to a token, not straddling two
-                follow = at // width + n
-                return list(ids[follow : follow + k])
-            limit = at + len(needle) - 1  # look again, starting before `at`
-    return []
-
-
 class SpecPolicy:
     """Per-sequence k and the step's draft-row share, from a `SpecConfig`."""
 
     def __init__(self, config: SpecConfig) -> None:
         self.config = config.check()
         self.costs: dict[int, float] = {}  # decode rows -> seconds of such a step (EMA)
+        self.classes = ngram_lookup.ClassAcceptance()  # n-gram drafts' acceptance per match class
 
     def draft_rows_each(self, num_decodes: int) -> int:
         """Draft rows each of `num_decodes` decoding streams may add this step (0: off)."""
@@ -104,17 +94,39 @@ class SpecPolicy:
             return 0
         return max(0, (self.config.max_step_rows - num_decodes) // num_decodes)
 
-    def propose(self, ids: Seq[int], k: int) -> list[int]:
+    def propose(self, ids: Seq[int], k: int, seq: Any = None, num_decodes: int = 1) -> list[int]:
+        """At most `k` n-gram drafts for a sequence whose ids are `ids`: copied from after the
+        longest earlier occurrence of its last tokens (ngram_lookup.py), as many as pay by
+        the measured step costs at the acceptance of the match's class, averaged with the
+        sequence's own record (`seq.acceptance`). `seq` (a Sequence) also carries the last
+        draft, settled here against the ids that followed it into the class's record."""
         c = self.config
-        return ngram_propose(ids, k, c.ngram_min, c.ngram_max)
+        if seq is not None and seq.ngram_draft is not None:
+            settled = seq.ngram_draft.accepted(ids)
+            if settled is not None:
+                self.classes.add(seq.ngram_draft.cls, *settled)
+            seq.ngram_draft = None
+        draft, match = ngram_lookup.propose(ids, k, c.ngram_min, c.ngram_max)
+        if match is None:
+            return []
+        cls = ngram_lookup.match_class(match)
+        a = self.classes.estimate(cls)
+        if seq is not None and seq.acceptance is not None:
+            a = (a + seq.acceptance) / 2
+        draft = draft[: best_k(a, len(draft), num_decodes, self.step_cost)]
+        if seq is not None and draft:
+            seq.ngram_draft = ngram_lookup.OpenDraft(len(ids), tuple(draft), cls)
+        elif seq is not None:  # priced out: its record creeps back, so it tries again later
+            seq.acceptance = self.recovered(seq.acceptance)
+        return draft
 
     def wanted(self, acceptance: float | None, num_decodes: int = 1, cap: int | None = None) -> int:
         """The k a sequence asks for, at most `cap`: the one that gives the most tokens per
         second by its acceptance and the measured step costs (`best_k`); num_tokens before
         it has a record."""
         top = min(self.config.num_tokens, self.config.num_tokens if cap is None else cap)
-        if acceptance is None or top < 1:
-            return max(top, 0)
+        if acceptance is None or top < 1 or self.config.method == "ngram":
+            return max(top, 0)  # n-gram drafts are priced per match, in `propose`
         return best_k(acceptance, top, num_decodes, self.step_cost)
 
     def observe_step(self, rows: int, seconds: float) -> None:

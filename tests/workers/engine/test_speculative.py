@@ -5,19 +5,32 @@ from __future__ import annotations
 
 import pytest
 from syshax.shared.sampling import SamplingParams
+from syshax.workers.engine import ngram_lookup
 from syshax.workers.engine.scheduler import Scheduler
 from syshax.workers.engine.sequence import Sequence
-from syshax.workers.engine.speculative import SpecConfig, SpecPolicy, ngram_propose
+from syshax.workers.engine.speculative import SpecConfig, SpecPolicy, best_k
 
 from ...lightness import assert_loads_without
 
 
 def _reference_propose(ids, k, min_n, max_n):
+    """The longest suffix (max_n down to min_n) seen before; of its occurrences the latest,
+    unless another next token follows more of them (then the latest of those)."""
+    from collections import Counter
+
     for n in range(min(max_n, len(ids) - 1), min_n - 1, -1):
-        for i in range(len(ids) - n - 1, -1, -1):
-            if ids[i : i + n] == ids[-n:]:
-                return ids[i + n : i + n + k]
+        starts = [i for i in range(len(ids) - n - 1, -1, -1) if ids[i : i + n] == ids[-n:]]
+        if starts:
+            nexts = [ids[i + n] for i in starts]
+            counts = Counter(nexts)
+            top = max(counts.values())
+            at = starts[0] if counts[nexts[0]] == top else starts[[counts[t] for t in nexts].index(top)]  # fmt: skip
+            return ids[at + n : at + n + k]
     return []
+
+
+def ngram_propose(ids, k, min_n, max_n):
+    return ngram_lookup.propose(ids, k, min_n, max_n)[0]
 
 
 def test_speculative_module_imports_no_torch():
@@ -29,6 +42,18 @@ def test_ngram_proposes_what_followed_the_latest_longest_match():
     assert ngram_propose([7, 1, 2, 8, 9, 1, 2], 2, 2, 2) == [8, 9]  # the latest match
     assert ngram_propose([1, 2, 5, 3, 2, 1, 2], 2, 1, 2) == [5, 3]  # n=2 beats n=1's later [2]
     assert ngram_propose([1, 2], 2, 1, 2) == [] and ngram_propose([], 2, 1, 2) == []
+    # the longest match wins past 4 tokens: [3..8] once, then [5..8] twice more recently
+    ids = [3, 4, 5, 6, 7, 8, 90, 5, 6, 7, 8, 91, 5, 6, 7, 8, 92, 3, 4, 5, 6, 7, 8]
+    assert ngram_propose(ids, 2, 2, 32) == [90, 5]
+    assert ngram_propose(ids, 2, 2, 4) == [92, 3]  # capped at 4: the latest [5..8]
+
+
+def test_ngram_takes_the_continuation_most_occurrences_share():
+    ids = [1, 2, 8, 1, 2, 8, 1, 2, 9, 1, 2]  # after [1, 2]: 8, 8, then 9 (the latest)
+    m = ngram_lookup.longest_match(ids, 2, 2)
+    assert ids[m.follow] == 8 and (m.n, m.agree, m.seen) == (2, 2, 3)
+    tie = [1, 2, 8, 1, 2, 9, 1, 2]  # one each: the latest
+    assert ngram_propose(tie, 1, 2, 2) == [9]
 
 
 def test_ngram_matches_a_plain_search_with_ids_that_straddle_bytes():
@@ -53,16 +78,43 @@ def test_config_refuses_what_cannot_run():
 
 def test_k_follows_acceptance_and_the_measured_step_costs():
     policy = SpecPolicy(SpecConfig(method="ngram", num_tokens=5))
-    assert policy.wanted(None) == 5  # no record yet: the most
-    assert policy.wanted(0.6) == 5  # no costs measured: rows look free
+    cost = policy.step_cost
+    assert best_k(0.6, 5, 1, cost) == 5  # no costs measured: rows look free
     for rows, seconds in ((1, 0.08), (2, 0.08), (3, 0.16), (6, 0.16)):
         policy.observe_step(rows, seconds)
-    assert policy.wanted(0.6) == 1  # 1.6 tokens per 0.08 s beats 2.3 per 0.16 s
-    assert policy.wanted(0.95) == 5  # 5.3 tokens per 0.16 s
-    assert policy.wanted(0.5, num_decodes=2, cap=2) == 0  # 2 streams: 4-6 rows cost double
-    assert policy.wanted(0.99, num_decodes=2, cap=2) == 2
-    assert policy.wanted(0.6, cap=0) == 0
+    assert best_k(0.6, 5, 1, cost) == 1  # 1.6 tokens per 0.08 s beats 2.3 per 0.16 s
+    assert best_k(0.95, 5, 1, cost) == 5  # 5.3 tokens per 0.16 s
+    assert best_k(0.5, 2, 2, cost) == 0  # 2 streams: 4-6 rows cost double
+    assert best_k(0.99, 2, 2, cost) == 2
+    # n-gram drafts are priced per match in propose: wanted is the cap
+    assert policy.wanted(None) == policy.wanted(0.1) == 5 and policy.wanted(0.6, cap=0) == 0
     assert [policy.draft_rows_each(n) for n in (1, 4, 8, 16)] == [15, 3, 1, 0]
+
+
+def test_an_ngram_draft_is_priced_by_its_match_class_and_the_sequence():
+    policy = SpecPolicy(SpecConfig(method="ngram", num_tokens=5))
+    for rows, seconds in ((1, 0.08), (2, 0.08), (3, 0.16), (6, 0.16)):
+        policy.observe_step(rows, seconds)
+    ids = [5, 6, 7, 8, 9, 10, 11, 12, 5, 6]  # [5, 6] recurs: class (2, unanimous)
+    cls = ngram_lookup.match_class(ngram_lookup.longest_match(ids, 2, 32))
+    assert policy.propose(ids, 5) == [7]  # the prior 0.5: one draft pays, six rows do not
+    policy.classes.add(cls, 60, 60)  # this class's drafts were all accepted
+    assert policy.propose(ids, 5) == [7, 8, 9, 10, 11]
+    seq = Sequence("s", list(ids), SamplingParams())
+    seq.acceptance = 0.0  # ... but this sequence's were not: the average prices it at 1
+    assert policy.propose(seq.all_ids, 5, seq) == [7]
+    assert seq.ngram_draft == ngram_lookup.OpenDraft(10, (7,), cls)
+
+
+def test_the_next_proposal_settles_the_last_draft_into_its_class():
+    policy = SpecPolicy(SpecConfig(method="ngram", num_tokens=4))
+    seq = Sequence("s", [5, 6, 7, 8, 9, 10, 11, 12, 5, 6], SamplingParams())
+    assert policy.propose(seq.all_ids, 4, seq) == [7, 8, 9, 10]
+    cls = seq.ngram_draft.cls
+    seq.output_ids = [7, 8, 42]  # two accepted, then the target's own token
+    policy.propose(seq.all_ids, 4, seq)
+    assert policy.classes.counts[cls] == [2.0, 3.0]
+    assert ngram_lookup.OpenDraft(5, (1, 2), cls).accepted([0] * 4) is None  # a reset sequence
 
 
 def test_acceptance_counts_the_drafts_checked_and_recovers_when_idle():
