@@ -1,5 +1,7 @@
 """What a job costs on each job transport (`broker.jobs`): Redis streams vs RabbitMQ quorum
-queues, one job at a time (latency, not throughput), in one run, rounds alternating.
+queues, the RabbitMQ queues read by polling (basic.get, `amqp`) or pushed to the worker
+(basic.consume with a prefetch, `amqp-push`, what the workers do), one job at a time (latency,
+not throughput), in one run, rounds alternating.
 
 A job's life as the farm lives it: the gateway queues a prefill job (XADD / a publish waited on
 for its confirm), a worker takes it, hands its decode job over (one MULTI / a confirmed publish,
@@ -36,15 +38,18 @@ from syshax.broker.schemas import DecodeJob, PrefillJob
 from tqdm import tqdm
 
 STEPS = ("submit", "take prefill", "hand over", "take decode", "ack")
+TRANSPORTS = ("redis", "amqp", "amqp-push")
+PREFETCH = 8  # a worker's slots: what its own queues push it at most (workers/streams.py)
 
 
 def one_round(r, transport: str, url: str, jobs: int) -> dict[str, list[float]]:
     """Seconds per step of `jobs` jobs, one after the other, on fresh queues."""
     keys = Keys(f"bench{uuid.uuid4().hex[:8]}")
-    worker = WorkerJobs(r, keys, "w1", transport, url)
-    gateway = WorkerJobs(r, keys, "gw", transport, url)  # its own connection, as a gateway's
-    prefill = worker.queues([keys.prefill_stream])
-    decode = worker.queues([keys.decode_stream("cpu")])
+    kind, prefetch = ("amqp", PREFETCH) if transport == "amqp-push" else (transport, 0)
+    worker = WorkerJobs(r, keys, "w1", kind, url)
+    gateway = WorkerJobs(r, keys, "gw", kind, url)  # its own connection, as a gateway's
+    prefill = worker.queues([keys.prefill_stream], prefetch)
+    decode = worker.queues([keys.decode_stream("cpu")], prefetch)
     prefill.ensure_groups()
     decode.ensure_groups()
     times: dict[str, list[float]] = {s: [] for s in STEPS}
@@ -81,15 +86,15 @@ def proc_cpu(pid: str) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def idle_cost(r, url: str, seconds: float) -> tuple[float | None, float]:
-    """(RabbitMQ's CPU %, the worker's CPU %) while a worker with nothing to do polls its two
-    queues (basic.get has no blocking form); RabbitMQ's is None when its process is not
-    found on this machine (pgrep beam.smp)."""
+def idle_cost(r, url: str, seconds: float, prefetch: int = 0) -> tuple[float | None, float]:
+    """(RabbitMQ's CPU %, the worker's CPU %) while a worker with nothing to do waits on its
+    two queues: polling them (basic.get has no blocking form) or, `prefetch` > 0, blocked on
+    its consumers; RabbitMQ's is None when its process is not found here (pgrep beam.smp)."""
     found = subprocess.run(["pgrep", "-f", "beam.smp"], capture_output=True, text=True)
     pid = found.stdout.split()[0] if found.stdout.split() else None
     keys = Keys(f"bench{uuid.uuid4().hex[:8]}")
     worker = WorkerJobs(r, keys, "w1", "amqp", url)
-    queues = worker.queues([keys.decode_stream("cpu"), keys.prefill_stream])
+    queues = worker.queues([keys.decode_stream("cpu"), keys.prefill_stream], prefetch)
     beam0, me0, t0 = proc_cpu(pid) if pid else 0.0, time.process_time(), time.monotonic()
     while time.monotonic() - t0 < seconds:
         queues.read(1, 100)  # the worker's idle read
@@ -123,34 +128,38 @@ def main(argv: list[str] | None = None) -> int:
         help="seconds an idle worker polls RabbitMQ for the idle cost (0 = skip; default 5)",
     )
     args = ap.parse_args(argv)
-    results: dict[str, dict[str, list[float]]] = {
-        t: {s: [] for s in STEPS} for t in ("redis", "amqp")
-    }
+    results: dict[str, dict[str, list[float]]] = {t: {s: [] for s in STEPS} for t in TRANSPORTS}
     with EmbeddedRedis() as server:
         r = sync_client(server.url)
-        order = [t for _ in range(args.rounds) for t in ("redis", "amqp")]
+        order = [t for _ in range(args.rounds) for t in TRANSPORTS]
         for transport in tqdm(order, desc="rounds (alternating)"):
             got = one_round(r, transport, args.amqp_url, args.jobs)
             for step, values in got.items():
                 results[transport][step] += values
     print(f"machine: {platform.node()} {platform.machine()}, python {platform.python_version()}")
-    print(f"{args.jobs} jobs x {args.rounds} rounds per transport, one job at a time")
-    print(f"{'step':<14}{'redis p50 us':>14}{'amqp p50 us':>14}{'redis p99':>12}{'amqp p99':>12}")
-    total = {"redis": 0.0, "amqp": 0.0}
+    print(f"load average before the report: {os.getloadavg()[0]:.1f}")
+    print(f"{args.jobs} jobs x {args.rounds} rounds per transport, one job at a time, rounds alternating")  # fmt: skip
+    print(f"{'step':<14}" + "".join(f"{t + ' p50 us':>18}" for t in TRANSPORTS)
+          + "".join(f"{t + ' p99':>16}" for t in TRANSPORTS))  # fmt: skip
+    total = dict.fromkeys(TRANSPORTS, 0.0)
     for step in STEPS:
-        row = []
-        for t in ("redis", "amqp"):
+        p50s, p99s = [], []
+        for t in TRANSPORTS:
             v = sorted(results[t][step])
-            p50, p99 = statistics.median(v) * 1e6, v[int(len(v) * 0.99) - 1] * 1e6
-            total[t] += p50
-            row.append((p50, p99))
-        print(f"{step:<14}{row[0][0]:>14.0f}{row[1][0]:>14.0f}{row[0][1]:>12.0f}{row[1][1]:>12.0f}")
-    print(f"{'a job (sum)':<14}{total['redis']:>14.0f}{total['amqp']:>14.0f}")
+            p50s.append(statistics.median(v) * 1e6)
+            p99s.append(v[int(len(v) * 0.99) - 1] * 1e6)
+            total[t] += p50s[-1]
+        print(f"{step:<14}" + "".join(f"{x:>18.0f}" for x in p50s)
+              + "".join(f"{x:>16.0f}" for x in p99s))  # fmt: skip
+    print(f"{'a job (sum)':<14}" + "".join(f"{total[t]:>18.0f}" for t in TRANSPORTS))
     if args.idle_seconds > 0:
-        with EmbeddedRedis() as server:
-            beam, me = idle_cost(sync_client(server.url), args.amqp_url, args.idle_seconds)
-        shown = f"{beam:.1f}%" if beam is not None else "not measured (no beam.smp here)"
-        print(f"an idle worker polling: RabbitMQ CPU {shown}, the worker's CPU {me:.1f}%")
+        for name, prefetch in (("polling (basic.get)", 0), ("pushed (basic.consume)", PREFETCH)):
+            with EmbeddedRedis() as server:
+                beam, me = idle_cost(
+                    sync_client(server.url), args.amqp_url, args.idle_seconds, prefetch
+                )
+            shown = f"{beam:.1f}%" if beam is not None else "not measured (no beam.smp here)"
+            print(f"an idle worker, {name}: RabbitMQ CPU {shown}, the worker's CPU {me:.1f}%")
     return 0
 
 

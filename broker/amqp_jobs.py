@@ -8,8 +8,9 @@ goes to the dead-letter exchange) and the farm's dead-letter queue behind that e
 
 At-least-once, with the same idempotent job ids as the Redis streams:
 
-* A worker takes a job with basic.get and acks it when the request is done with it; a worker
-  that dies (its connection closes) has its unacked jobs redelivered to others, marked
+* A worker takes a job pushed to it (its own queues, amqp_push.py) or with basic.get (a queue
+  it reads on demand) and acks it when the request is done with it; a worker that dies (its
+  connection closes) has its unacked jobs, pushed ones included, redelivered to others, marked
   `redelivered` (taken as reclaimed jobs, resumed from their delivered tokens).
 * The handoff publishes the decode job with publisher confirms, then marks the choice handed
   off on Redis (`keys.handed_off`), then acks the prefill job. A crash before the mark
@@ -34,6 +35,7 @@ import pika
 import pika.exceptions
 import redis
 
+from .amqp_push import PushBuffers
 from .keys import DEVICE_CLASSES, Keys
 from .kv_store import KVStore
 from .schemas import DecodeJob, RequestPart
@@ -44,7 +46,8 @@ log = logging.getLogger(__name__)
 DEFAULT_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"
 # Deliveries of one job before RabbitMQ dead-letters it: a worker killed mid-job is one.
 DELIVERY_LIMIT = 10
-# basic.get has no blocking form: an idle read polls every queue this often.
+# basic.get has no blocking form: an idle read of queues not consumed (amqp_push.py) polls
+# them this often, and a Redis stream read beside consumed ones is looked at this often.
 IDLE_POLL_S = 0.01
 # A busy worker reads no job for a while; its connection still answers heartbeats this often.
 HEARTBEAT_TICK_S = 1.0
@@ -103,6 +106,7 @@ class AmqpConnection:
         except CONNECTION_ERRORS as exc:
             raise AmqpUnreachable(f"RabbitMQ at {_safe(self.url)}: {exc!r}") from exc
         self._ticked = time.monotonic()
+        self.push = PushBuffers(self.channel)  # the queues consumed (amqp_push.py)
 
     def declare(self) -> None:
         """The dead-letter exchange and queue, and every job queue as a quorum queue."""
@@ -133,9 +137,30 @@ class AmqpConnection:
             raise AmqpUnreachable(repr(exc)) from exc
         return message_id
 
-    def get(self, stream: str) -> AmqpEntry | None:
+    def consume(self, stream: str, prefetch: int) -> None:
+        """Have RabbitMQ push `stream`'s jobs here (amqp_push.py); `get` then takes them."""
         try:
-            method, props, body = self.channel.basic_get(queue_name(stream), auto_ack=False)
+            self.push.consume(stream, queue_name(stream), prefetch)
+        except CONNECTION_ERRORS as exc:
+            raise AmqpUnreachable(repr(exc)) from exc
+
+    def stop_consuming(self) -> None:
+        try:
+            self.push.stop()
+        except CONNECTION_ERRORS as exc:
+            raise AmqpUnreachable(repr(exc)) from exc
+
+    def get(self, stream: str) -> AmqpEntry | None:
+        """One job of `stream`: a pushed one of a consumed queue, else by basic.get."""
+        try:
+            if self.push.consumed(stream):
+                delivery = self.push.pop(stream)
+                if delivery is None:
+                    self.conn.process_data_events(0)  # what has arrived meanwhile
+                    delivery = self.push.pop(stream)
+                method, props, body = delivery or (None, None, b"")
+            else:
+                method, props, body = self.channel.basic_get(queue_name(stream), auto_ack=False)
         except CONNECTION_ERRORS as exc:
             raise AmqpUnreachable(repr(exc)) from exc
         self._ticked = time.monotonic()
@@ -185,6 +210,14 @@ class AmqpConnection:
             raise AmqpUnreachable(repr(exc)) from exc
         return int(ok.method.message_count)
 
+    def wait(self, seconds: float) -> None:
+        """Block until a job is pushed here or `seconds` have passed (an idle worker)."""
+        try:
+            self.conn.process_data_events(max(seconds, 0.0))
+        except CONNECTION_ERRORS as exc:
+            raise AmqpUnreachable(repr(exc)) from exc
+        self._ticked = time.monotonic()
+
     def tick(self) -> None:
         """Answer heartbeats while no job is read (a worker whose slots are all busy)."""
         now = time.monotonic()
@@ -201,19 +234,6 @@ class AmqpConnection:
                 self.conn.close()
         except Exception as exc:  # noqa: BLE001 - closing a connection that already broke
             log.debug("closing the AMQP connection: %r", exc)
-
-
-def add_queued(amqp: AmqpConnection, loads: dict, workers: list[dict[str, str]]) -> None:
-    """worker_io.device_loads counts the jobs waiting in the Redis streams, empty in amqp mode:
-    add those waiting in the RabbitMQ queues (ready, not yet taken; a job taken is in its
-    worker's heartbeat). A waiting prompt takes a slot of the class that prefills it."""
-    keys = amqp.keys
-    for cls, load in loads.items():
-        load.queued += amqp.depth(keys.decode_stream(cls))
-    roles = {w.get("device_class") for w in workers if "prefill" in w.get("roles", "").split(",")}
-    prefill_class = next((c for c in DEVICE_CLASSES if c in roles), None)
-    if prefill_class in loads:
-        loads[prefill_class].queued += amqp.depth(keys.prefill_stream)
 
 
 def _safe(url: str) -> str:
@@ -251,13 +271,18 @@ class AmqpQueues:
         if count <= 0:
             return []
         until = time.monotonic() + (block_ms or 0) / 1000
+        pushed = all(self.amqp.push.consumed(s) for s in self.amqp_streams)
         while True:
             out = self._get(count)
             if len(out) < count and self.redis_queues.streams:
                 out += self.redis_queues.read(count - len(out), None)
-            if out or time.monotonic() >= until:
+            left = until - time.monotonic()
+            if out or left <= 0:
                 return out
-            time.sleep(IDLE_POLL_S)
+            if pushed:  # a pushed job ends the wait; a Redis stream beside is looked at as before
+                self.amqp.wait(min(left, IDLE_POLL_S) if self.redis_queues.streams else left)
+            else:
+                time.sleep(IDLE_POLL_S)
 
     def _get(self, count: int) -> list[Entry]:
         out: list[Entry] = []

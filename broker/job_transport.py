@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import redis
 
-from .keys import Keys
+from .keys import DEVICE_CLASSES, Keys
 from .schemas import RequestPart
 from .worker_io import CLAIM_MIN_IDLE_MS, Entry, WorkQueues
 
@@ -106,25 +106,49 @@ class WorkerJobs:
 
             self.amqp = AmqpConnection(amqp_url or None, keys)
 
-    def queues(self, streams: list[str]) -> JobQueue:
+    def queues(self, streams: list[str], prefetch: int = 0) -> JobQueue:
         """The queues of `streams`: on RabbitMQ those that are job queues there (every job
-        stream but the batch one), the rest on Redis."""
+        stream but the batch one), the rest on Redis. `prefetch` > 0: RabbitMQ pushes their
+        jobs to this connection, at most that many unacked per queue (amqp_push.py: the
+        queues a worker serves); 0: they are read with basic.get (a queue read now and then)."""
         if self.amqp is None:
             return WorkQueues(self.r, streams, self.consumer, self.keys)
         from .amqp_jobs import AmqpQueues, job_streams
 
         on_amqp = [s for s in streams if s in job_streams(self.keys)]
+        if prefetch > 0:
+            for stream in on_amqp:
+                self.amqp.consume(stream, prefetch)
         rest = WorkQueues(
             self.r, [s for s in streams if s not in on_amqp], self.consumer, self.keys
         )
         return AmqpQueues(self.amqp, self.r, on_amqp, self.consumer, rest)
 
     def add_queued(self, loads: dict, workers: list[dict[str, str]]) -> None:
-        """The jobs waiting on RabbitMQ into `loads` (device_loads counts the Redis streams')."""
-        if self.amqp is not None:
-            from .amqp_jobs import add_queued
+        """The jobs waiting on RabbitMQ into `loads` (worker_io.device_loads counts those of the
+        Redis streams, empty in amqp mode): ready in each queue, and pushed to this worker and
+        not taken yet (a job taken is in its worker's heartbeat; those pushed to another worker
+        are not seen, at most its prefetch less what it runs). A waiting prompt takes a slot of
+        the class that prefills it."""
+        if self.amqp is None:
+            return
+        amqp, keys = self.amqp, self.keys
 
-            add_queued(self.amqp, loads, workers)
+        def waiting(stream: str) -> int:
+            return amqp.depth(stream) + len(amqp.push.buffers.get(stream, ()))
+
+        for cls, load in loads.items():
+            load.queued += waiting(keys.decode_stream(cls))
+        roles = {w.get("device_class") for w in workers if "prefill" in w.get("roles", "").split(",")}  # fmt: skip
+        prefill_class = next((c for c in DEVICE_CLASSES if c in roles), None)
+        if prefill_class in loads:
+            loads[prefill_class].queued += waiting(keys.prefill_stream)
+
+    def stop_pushes(self) -> None:
+        """A draining worker: RabbitMQ pushes it no more jobs, and those pushed and not taken
+        go back to their queues at once (not when it exits)."""
+        if self.amqp is not None:
+            self.amqp.stop_consuming()
 
     def close(self) -> None:
         if self.amqp is not None:

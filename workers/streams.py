@@ -29,15 +29,17 @@ class Streams:
     jobs: WorkerJobs  # opens more views on the same transport (handoff.py's prefill-ahead)
 
     @classmethod
-    def open(cls, r: redis.Redis, opts: WorkerOptions, keys: Keys) -> Streams:
-        """The streams for `opts.roles`, their consumer groups created."""
+    def open(cls, r: redis.Redis, opts: WorkerOptions, keys: Keys, slots: int = 0) -> Streams:
+        """The streams for `opts.roles`, their consumer groups created. `slots`: the sequences
+        the worker holds at once; on RabbitMQ, its own queues push it at most that many jobs
+        each, those it runs included (the other class's decode queue is read only on demand)."""
         jobs = WorkerJobs(r, keys, opts.worker_id, opts.jobs, opts.amqp_url)
         streams = []
         if "decode" in opts.roles:
             streams.append(keys.decode_stream(opts.device_class))
         if "prefill" in opts.roles:
             streams.append(keys.prefill_stream)
-        work = jobs.queues(streams)
+        work = jobs.queues(streams, prefetch=slots)
         work.ensure_groups()
         batch, idle = None, work
         if "prefill" in opts.roles:

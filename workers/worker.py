@@ -64,7 +64,7 @@ class Worker:
             opts.worker_id, opts.device_class, opts.served_model
         )
         self.dispatcher = dispatcher
-        self.streams = Streams.open(r, opts, keys)
+        self.streams = Streams.open(r, opts, keys, engine.num_slots)
         self.publisher = TokenPublisher(r, keys, opts.output_ttl)
         self.cancels = CancelWatcher(r, keys)
         self.heartbeat = Heartbeat(r, opts.worker_id, keys, ttl=opts.heartbeat_ttl)
@@ -390,6 +390,7 @@ class Worker:
     def drain(self, timeout: float) -> None:
         """SIGTERM: take no new work, finish what runs (up to `timeout`), hand back the rest."""
         self.draining = True
+        self.streams.jobs.stop_pushes()  # RabbitMQ's pushed jobs to the other workers now
         end = time.monotonic() + timeout
         while (self.jobs or self.engine.has_unfinished()) and time.monotonic() < end:
             self.iterate()
