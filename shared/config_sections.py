@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 
 def _text(value: Any) -> Any:
@@ -289,7 +289,7 @@ class SpeculativeConfig(_Section):
 
     method: Annotated[SpecMethod, BeforeValidator(_text)] = Field(
         "none",
-        description="none | ngram | draft; ngram = each decoding stream proposes the tokens that followed the latest earlier occurrence of its last 2-4 tokens (prompt lookup, no extra model) and one step verifies them: greedy text unchanged, sampling keeps its distribution; pays on input-grounded work (repeat, rewrite, fix, extract, edit code) at 1-8 streams; draft (a small draft model) is not built yet and is refused",
+        description="none | ngram | draft; ngram = each decoding stream proposes the tokens that followed the latest earlier occurrence of its last 2-4 tokens (prompt lookup, no extra model) and one step verifies them: greedy text unchanged, sampling keeps its distribution; pays on input-grounded work (repeat, rewrite, fix, extract, edit code) at 1-8 streams; draft = a small model with the target's tokenizer (draft_model), run by the same worker, proposes each stream's tokens (k small steps of the draft, then one verify step of the target); sampling verifies with the draft's own distribution",
     )
     num_tokens: int = Field(
         5,
@@ -299,15 +299,14 @@ class SpeculativeConfig(_Section):
     )
     draft_model: Text | None = Field(
         None,
-        description="the draft model for method draft (not built yet: refused)",
+        description="the draft model for method draft: a GGUF file or HF folder with the target's tokenizer (checked at load), loaded on the worker's device beside the target with a KV cache of as many blocks",
     )
 
-    @field_validator("method")
-    @classmethod
-    def _built(cls, value: str) -> str:
-        if value == "draft":
-            raise ValueError("draft-model speculation is not built yet; use ngram or none")
-        return value
+    @model_validator(mode="after")
+    def _draft_has_a_model(self) -> SpeculativeConfig:
+        if self.method == "draft" and not self.draft_model:
+            raise ValueError("speculative.method draft needs speculative.draft_model (a path)")
+        return self
 
 
 class OutputConfig(_Section):

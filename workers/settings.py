@@ -403,7 +403,10 @@ def speculative(config: Config, engine: str) -> Any:
         return None
     from .engine.speculative import SpecConfig
 
-    return SpecConfig(method=section.method, num_tokens=section.num_tokens).check()
+    draft = section.draft_model if section.method == "draft" else None
+    return SpecConfig(
+        method=section.method, num_tokens=section.num_tokens, draft_model=draft
+    ).check()
 
 
 def prompt_rows_while_decoding(config: Config, device: str) -> int | None:

@@ -74,6 +74,11 @@ class Engine(EngineCore):
             prompt_stretch=opts.prompt_stretch,
             speculation=opts.speculative,
         )
+        spec = opts.speculative
+        if spec is not None and spec.method == "draft":  # the draft model, on the same device
+            from .draft_proposer import load_drafter
+
+            scheduler.drafter = load_drafter(opts, runner, tokenizer, scheduler.spec)
         super().__init__(runner, scheduler, tokenizer)
         if tokenizer is not None:  # built on the first constrained request (about a second)
             from syshax.shared import structured

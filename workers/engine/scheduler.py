@@ -82,6 +82,7 @@ class Chunk:
     start: int
     length: int
     draft: list[int] = field(default_factory=list)  # proposed tokens, the chunk's last rows
+    draft_q: Any = None  # a draft model's q rows for sampled drafts (None: point masses)
 
     @property
     def samples(self) -> bool:
@@ -162,6 +163,9 @@ class Scheduler:
         self.sequences: dict[str, Sequence] = {}
         self.preemptions = 0
         self.spec = SpecPolicy(speculation) if speculation and speculation.enabled else None
+        # A draft model's proposer (draft_proposer.py), set by the engine for method "draft":
+        # propose([(seq, k)]) -> [(tokens, q)] batched over sequences, release(seq).
+        self.drafter: Any = None
         self.spec_counts = SpecCounts()
 
     # ---- requests -----------------------------------------------------------------------
@@ -288,6 +292,7 @@ class Scheduler:
         assert self.spec is not None
         each = min(self.spec.draft_rows_each(len(decodes)), budget // max(len(decodes), 1))
         added = 0
+        wants: list[tuple[Chunk, int]] = []
         for chunk in decodes if each > 0 else ():
             seq = chunk.seq
             p = seq.params
@@ -300,15 +305,26 @@ class Scheduler:
             if k < 1:
                 seq.acceptance = self.spec.recovered(seq.acceptance)
                 continue
-            draft = self.spec.propose(seq.all_ids, k, seq, len(decodes))
+            wants.append((chunk, k))
+        if self.drafter is not None:  # a draft model: k small steps batched over sequences
+            proposals = self.drafter.propose([(c.seq, k) for c, k in wants])
+        else:
+            n = len(decodes)
+            proposals = [(self.spec.propose(c.seq.all_ids, k, c.seq, n), None) for c, k in wants]
+        for (chunk, _), (draft, q) in zip(wants, proposals, strict=True):
+            seq = chunk.seq
             if draft and seq.constraint is not None:  # stop at the first refused token
-                draft = draft[: seq.constraint.valid_prefix(draft)]
+                keep = seq.constraint.valid_prefix(draft)
+                # A sampled draft keeps its refused token: the verifier rejects it (p = 0)
+                # and draws from the residual, as the rule needs to keep p exact.
+                draft = draft[: keep + (q is not None and keep < len(draft))]
             if draft and not self.blocks.grow(seq, seq.length + len(draft)):
                 held = len(seq.block_table) + self.blocks.num_free  # the free blocks there are
                 draft = draft[: max(held * self.blocks.block_size - seq.length, 0)]
                 self.blocks.grow(seq, seq.length + len(draft))
             if draft:
                 chunk.draft = draft
+                chunk.draft_q = None if q is None else q[: len(draft)]
                 chunk.length += len(draft)
                 added += len(draft)
         return added
@@ -395,3 +411,5 @@ class Scheduler:
     def _release(self, seq: Sequence) -> None:
         self.blocks.release(seq)
         self.running.remove(seq)
+        if self.drafter is not None:
+            self.drafter.release(seq)

@@ -7,10 +7,11 @@ and penalties counting the tokens accepted before it, the grammar mask after the
 * greedy: the row's argmax; a draft token is accepted while it equals it, and the first
   argmax that differs is the target's own token. The text is the one plain greedy decoding
   gives (up to float rounding between a step of one row and one of k+1).
-* sampling: speculative sampling (Leviathan et al. 2023; Chen et al. 2023) with a point-mass
-  proposal (n-gram drafts have q(d) = 1): accept d with probability min(1, p(d) / q(d)) =
-  p(d), else draw from the residual max(0, p - q) normalised, which is p without d. Every
-  emitted token is distributed as p, as in plain sampling. The draws use the request's
+* sampling: speculative sampling (Leviathan et al. 2023; Chen et al. 2023): accept d with
+  probability min(1, p(d) / q(d)), else draw from the residual max(0, p - q) normalised.
+  q is a draft model's distribution (its row for that position, draft_proposer.py) or a
+  point mass (n-gram drafts have q(d) = 1: accept with p(d), else draw from p without d).
+  Every emitted token is distributed as p, as in plain sampling. The draws use the request's
   per-token generators (sampler.token_generator), so a seeded request repeats itself, but
   not the same tokens as without speculation (the draws differ).
 
@@ -53,7 +54,9 @@ def sample_step(
     out = Sampled([], [], [], [])
     for i, c in enumerate(chunks):
         start, rows = spans[i]
-        run = runs.get(i) or verify(logits[start : start + rows], c.seq, c.draft, ll_tokenizer)
+        run = runs.get(i) or verify(
+            logits[start : start + rows], c.seq, c.draft, ll_tokenizer, getattr(c, "draft_q", None)
+        )
         out.tokens += run.tokens
         out.logprobs += run.logprobs
         out.tops += run.tops or [None] * len(run.tokens)  # type: ignore[operator]
@@ -66,9 +69,11 @@ def verify(
     seq: Any,
     draft: Sequence[int],
     ll_tokenizer: Callable[[], Any] | None = None,
+    q: torch.Tensor | None = None,
 ) -> Sampled:
     """The tokens one sequence's step yields: its accepted drafts, then the target's token.
-    `rows`: [len(draft) + 1, V] fp32 logits."""
+    `rows`: [len(draft) + 1, V] fp32 logits; `q`: [len(draft), V], the distributions the
+    drafts were drawn from (None: point masses)."""
     p = seq.params
     want_lp = bool(p.logprobs or p.top_logprobs)
     simple = p.greedy and not processing.needs_processing(p) and p.structured is None
@@ -85,7 +90,8 @@ def verify(
         if constraint is not None:
             work = work.masked_fill(~constraint.allowed(), float("-inf"))
         proposed = draft[j] if j < len(draft) else None
-        token = _pick(work, p, proposed, len(seq.output_ids) + len(tokens))
+        q_row = q[j] if q is not None and proposed is not None else None
+        token = _pick(work, p, proposed, len(seq.output_ids) + len(tokens), q_row)
         if constraint is not None:
             constraint.advance(token)
         tokens.append(token)
@@ -111,18 +117,28 @@ def _agreeing(best: Sequence[int], draft: Sequence[int]) -> int:
     return n
 
 
-def _pick(work: torch.Tensor, p: Any, proposed: int | None, index: int) -> int:
+def _pick(
+    work: torch.Tensor, p: Any, proposed: int | None, index: int, q: torch.Tensor | None = None
+) -> int:
     """One position's token: greedy argmax, or the speculative-sampling rule for `proposed`
-    (None: a plain draw) with output token `index`'s generator."""
+    (None: a plain draw) drawn from `q` (None: a point mass), with output token `index`'s
+    generator."""
     if p.greedy:
         return int(torch.argmax(work))
     probs = torch.softmax(_filter(work.cpu(), p), dim=-1)
     probs = processing.apply_min_p(probs, p.min_p)
+    probs = probs / probs.sum()
     gen = token_generator(p.seed, index)
     if proposed is not None:
-        share = float(probs[proposed] / probs.sum())
+        q_d = 1.0 if q is None else float(q[proposed])
+        share = min(1.0, float(probs[proposed]) / q_d) if q_d > 0 else 1.0
         if float(torch.rand((), generator=gen)) < share:
             return proposed
-        probs = probs.clone()
-        probs[proposed] = 0.0  # the residual max(0, p - q) for a point mass q at `proposed`
+        if q is None:
+            residual = probs.clone()
+            residual[proposed] = 0.0  # max(0, p - q) for a point mass q at `proposed`
+        else:
+            residual = (probs - q.to(probs)).clamp_(min=0.0)
+        if float(residual.sum()) > 0:  # 0 only where p == q, when rejection never happens
+            probs = residual
     return int(torch.multinomial(probs, 1, generator=gen))

@@ -11,7 +11,9 @@ target agrees with and adds the target's own next token, so a step yields 1 to k
   suffix of the sequence's ids (2 to 32 tokens) that occurred before in its prompt or output
   is found (ngram_lookup.py), and the tokens that followed it are proposed (the latest
   occurrence, unless most occurrences continue otherwise). No extra model: it pays on
-  input-grounded work (repeat, rewrite, fix, extract, edit code).
+  input-grounded work (repeat, rewrite, fix, extract, edit code). Or a draft model
+  with the target's tokenizer (draft_proposer.py; the scheduler's `drafter`), whose k small
+  steps are priced into k too.
 * k adapts per sequence and to the machine: each sequence keeps an average of its per-token
   acceptance a (of the drafts checked, the share accepted), the engine reports what decode
   steps of each row count cost, and k (0 to `num_tokens`) is the one with the most expected
@@ -45,7 +47,7 @@ RECOVERY = 0.05  # per step without drafts: how far the average moves back towar
 
 @dataclass(frozen=True)
 class SpecConfig:
-    """`method`: "none" | "ngram" ("draft" is refused by `check`: not built yet).
+    """`method`: "none" | "ngram" | "draft" (a draft model at `draft_model`, draft_proposer.py).
     `num_tokens`: the most tokens a sequence proposes per step. `ngram_min`/`ngram_max`: the
     n-gram lengths looked up. `max_step_rows`: speculation only while a step's decode rows,
     drafts included, stay within this many."""
@@ -65,10 +67,8 @@ class SpecConfig:
         """Raise ValueError for settings that cannot run; returns self."""
         if self.method not in METHODS:
             raise ValueError(f"speculative.method {self.method!r} is not one of {', '.join(METHODS)}")  # fmt: skip
-        if self.method == "draft":
-            raise ValueError(
-                "speculative.method 'draft' (a draft model) is not built yet; use 'ngram'"
-            )
+        if self.method == "draft" and not self.draft_model:
+            raise ValueError("speculative.method 'draft' needs speculative.draft_model (a path)")
         if self.num_tokens < 1:
             raise ValueError(f"speculative.num_tokens must be >= 1, got {self.num_tokens}")
         if not 1 <= self.ngram_min <= self.ngram_max:
@@ -87,6 +87,8 @@ class SpecPolicy:
         self.config = config.check()
         self.costs: dict[int, float] = {}  # decode rows -> seconds of such a step (EMA)
         self.classes = ngram_lookup.ClassAcceptance()  # n-gram drafts' acceptance per match class
+        # A draft model's seconds per draft step (draft_proposer.py sets it): k drafts cost k.
+        self.draft_seconds = 0.0
 
     def draft_rows_each(self, num_decodes: int) -> int:
         """Draft rows each of `num_decodes` decoding streams may add this step (0: off)."""
@@ -127,7 +129,13 @@ class SpecPolicy:
         top = min(self.config.num_tokens, self.config.num_tokens if cap is None else cap)
         if acceptance is None or top < 1 or self.config.method == "ngram":
             return max(top, 0)  # n-gram drafts are priced per match, in `propose`
-        return best_k(acceptance, top, num_decodes, self.step_cost)
+        if not self.draft_seconds:
+            return best_k(acceptance, top, num_decodes, self.step_cost)
+
+        def cost(rows: int) -> float:  # the target's step plus k steps of the draft
+            return self.step_cost(rows) + self.draft_seconds * (rows // num_decodes - 1)
+
+        return best_k(acceptance, top, num_decodes, cost)
 
     def observe_step(self, rows: int, seconds: float) -> None:
         """A step of `rows` decode rows (no prompt rows) took `seconds`: the cost table."""
