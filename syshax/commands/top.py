@@ -28,11 +28,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def snapshot(r, keys, models: tuple[str, ...] = ("",)) -> dict:
-    """`models`: the stream keys of the farm's models ("" = a one-model farm's streams)."""
+def snapshot(r, keys, models: tuple[str, ...] = ("",), amqp=None) -> dict:
+    """`models`: the stream keys of the farm's models ("" = a one-model farm's streams);
+    `amqp`: its RabbitMQ queues (broker/amqp_view.AmqpQueueView) with `broker.jobs: amqp`."""
     from syshax.broker.farm_state import snapshot as farm_snapshot
 
-    return farm_snapshot(r, keys, models)
+    return farm_snapshot(r, keys, models, amqp)
 
 
 def render(snap: dict):
@@ -61,7 +62,8 @@ def render(snap: dict):
     queues = Table(title="queues (waiting / in flight)", expand=True)
     for col in snap["queues"]:
         queues.add_column(col)
-    queues.add_row(*(f"{w} / {f}" for w, f in snap["queues"].values()))
+    # "-": a RabbitMQ queue's jobs taken and not acked are not known (broker/amqp_view.py)
+    queues.add_row(*(f"{w} / {'-' if f is None else f}" for w, f in snap["queues"].values()))
     leases, nbytes = snap["kv"]
     counts = snap["counts"]
     recent = Table(
@@ -75,8 +77,22 @@ def render(snap: dict):
             stamp = time.strftime("%H:%M:%S", time.localtime(float(stamp)))
         recent.add_row(Text(f"{stamp} {rest}"))  # plain text: "[slo]" is no markup tag
     return Group(
-        workers, *_models_table(snap.get("models") or {}), queues, recent, _dead_table(snap)
-    )
+        workers, *_models_table(snap.get("models") or {}), queues, recent, _dead_table(snap),
+        *_rabbitmq_dead(snap),
+    )  # fmt: skip
+
+
+def _rabbitmq_dead(snap: dict) -> list:
+    """With `broker.jobs: amqp`: how many letters RabbitMQ's dead-letter queue holds (counted,
+    not read: reading a queue takes its messages; `syshax dead-letters list` reads them)."""
+    from rich.text import Text
+
+    count = snap.get("rabbitmq_dead")
+    if count is None:
+        return []
+    if not count:
+        return [Text("dead letters on RabbitMQ: none")]
+    return [Text(f"dead letters on RabbitMQ: {count} (syshax dead-letters list | requeue ID | drop ID)")]  # fmt: skip
 
 
 DEAD_HINT = "syshax dead-letters requeue ID | drop ID (list: syshax dead-letters list)"
@@ -154,19 +170,31 @@ def run(args: argparse.Namespace) -> int:
         return 2
     cfg, r, keys = farm
     models = tuple(m.key for m in cfg.served_models())
+    amqp = None
+    if cfg.broker.jobs == "amqp":  # the job queues' depths are RabbitMQ's
+        from syshax.broker.amqp_view import AmqpQueueView
+
+        amqp = AmqpQueueView(keys, cfg.broker.amqp_url or "")
     console = Console()
     try:
         if args.once:
-            console.print(render(snapshot(r, keys, models)))
+            console.print(render(snapshot(r, keys, models, amqp)))
             return 0
         with Live(
-            render(snapshot(r, keys, models)), console=console, refresh_per_second=4, screen=False
+            render(snapshot(r, keys, models, amqp)),
+            console=console,
+            refresh_per_second=4,
+            screen=False,
         ) as live:
             while True:
                 time.sleep(args.interval)
-                live.update(render(snapshot(r, keys, models)))
-    except redis.ConnectionError as exc:
-        print(f"syshax top: Redis unreachable: {exc}", file=sys.stderr)
+                live.update(render(snapshot(r, keys, models, amqp)))
+    except redis.ConnectionError as exc:  # RabbitMQ's AmqpUnreachable is one too
+        what = "RabbitMQ" if type(exc).__name__ == "AmqpUnreachable" else "Redis"
+        print(f"syshax top: {what} unreachable: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 0
+    finally:
+        if amqp is not None:
+            amqp.close()
