@@ -152,6 +152,8 @@ class AmqpConnection:
 
     def get(self, stream: str) -> AmqpEntry | None:
         """One job of `stream`: a pushed one of a consumed queue, else by basic.get."""
+        if self.push.cancelled:
+            raise AmqpUnreachable(f"RabbitMQ cancelled the consumer of {self.push.cancelled}")
         try:
             if self.push.consumed(stream):
                 delivery = self.push.pop(stream)

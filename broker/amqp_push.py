@@ -26,6 +26,11 @@ class PushBuffers:
         self.channel = channel
         self.buffers: dict[str, deque[Delivery]] = {}
         self.tags: dict[str, str] = {}  # stream -> its consumer's tag
+        # A consumer RabbitMQ cancelled (its queue deleted): pushes stopped for good on this
+        # connection; the worker reconnects (amqp_jobs.AmqpConnection.get), which declares the
+        # queues and consumes them again.
+        self.cancelled = ""
+        channel.add_on_cancel_callback(self._cancelled)
 
     def consume(self, stream: str, queue: str, prefetch: int) -> None:
         """Start consuming `queue` (once per stream): at most `prefetch` of its jobs unacked
@@ -49,6 +54,10 @@ class PushBuffers:
                 self.channel.basic_nack(method.delivery_tag, requeue=True)
         self.tags.clear()
         self.buffers.clear()
+
+    def _cancelled(self, method_frame: Any) -> None:
+        tag = getattr(method_frame.method, "consumer_tag", "")
+        self.cancelled = next((s for s, t in self.tags.items() if t == tag), tag or "?")
 
     def _delivered(self, stream: str, _channel: Any, method: Any, props: Any, body: bytes) -> None:
         self.buffers[stream].append((method, props, body))

@@ -101,3 +101,31 @@ def test_a_draining_worker_gives_back_what_was_pushed_and_a_killed_one_has_it_re
     finally:
         survivor.close()
     assert queue_counts(keys)[queue_name(stream)] == 0
+
+
+def test_a_consumer_rabbitmq_cancels_makes_the_worker_reconnect(r, keys):
+    """Its queue deleted under it: the next read raises AmqpUnreachable (a
+    redis.ConnectionError: the worker's loop reconnects, which declares and consumes again)."""
+    from syshax.broker.amqp_jobs import AmqpUnreachable
+
+    from ..amqp_server import connect
+
+    worker = WorkerJobs(r, keys, "w1", "amqp")
+    try:
+        queues = worker.queues([keys.decode_stream("cpu")], prefetch=2)
+        conn = connect()
+        conn.channel().queue_delete(queue_name(keys.decode_stream("cpu")))
+        conn.close()
+        with pytest.raises(AmqpUnreachable, match="cancelled the consumer"):
+            queues.read(1, 10_000)  # returns at the cancel, not after the 10 s
+    finally:
+        worker.close()
+    again = WorkerJobs(r, keys, "w1", "amqp")  # a new connection declares the queue again
+    try:
+        queues = again.queues([keys.decode_stream("cpu")], prefetch=2)
+        again.amqp.publish(keys.decode_stream("cpu"), b"after")
+        (entry,) = queues.read(1, 10_000)
+        assert entry.data == b"after"
+        queues.ack(entry)
+    finally:
+        again.close()
