@@ -4,7 +4,9 @@ instead of polling with basic.get.
 RabbitMQ pushes up to `prefetch` unacked jobs of a queue to the worker's connection, where they
 wait in a local buffer until the worker takes one; an idle worker blocks on its connection
 until a job arrives instead of asking every 10 ms. A job in the buffer is unacked, as a job
-being run is: a worker that dies has both redelivered to others. Only the queues a worker
+being run is: a worker that dies has both redelivered to others. The worker takes a pushed job
+as soon as it has a free slot; with `prefetch` = its slots, jobs wait in its buffer only while
+jobs of its other queue fill its slots (at most as many as those), never more than its slots. Only the queues a worker
 serves are consumed (its own class's decode queue, the prefill queue); a queue it reads now and
 then (the other class's decode queue, a prompt for a CPU slot) is still read with basic.get, so
 it never holds jobs it was not asked to take.
