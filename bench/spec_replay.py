@@ -42,26 +42,27 @@ def trace(args: argparse.Namespace) -> None:
     from syshax.workers.engine.engine import Engine
 
     model = args.model or speed_model(args.threads)
-    eng = Engine(model, quantize="stored", op_mode="fused", max_model_len=1024, max_num_seqs=1, progress=False)  # fmt: skip
+    eng = Engine(model, quantize="stored", op_mode="fused", max_model_len=1024, max_num_seqs=1, progress=False, prefix_caching=False)  # fmt: skip
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0)
     prompts = load_prompts(args.prompts)
     runs = []
     for i, p in enumerate([prompts[0], *prompts]):  # the first one twice: a warm-up
         ids = eng.tokenizer.encode_chat(p["messages"])
         eng.add_request(f"r{i}", ids, params)
-        out, times, done = [], [], False
+        out, times, cpu, done = [], [], [], False
         while not done:
-            started = time.perf_counter()
+            started, cpu0 = time.perf_counter(), time.process_time()
             for o in eng.step():
                 out.append(o.token_id)
                 done = o.finish_reason is not None
             times.append(time.perf_counter() - started)
-        runs.append({"name": p["name"], "prompt": ids, "output": out, "prefill_s": times[0], "decode_s": times[1:]})  # fmt: skip
+            cpu.append(time.process_time() - cpu0)  # CPU seconds: less load-bound at 1 thread
+        runs.append({"name": p["name"], "prompt": ids, "output": out, "prefill_s": times[0], "decode_s": times[1:], "prefill_cpu": cpu[0], "decode_cpu": sum(cpu[1:])})  # fmt: skip
     costs = _row_costs(eng, args.steps)
     out = {"model": str(model), "threads": args.threads, "max_tokens": args.max_tokens, "load": os.getloadavg(), "runs": runs[1:], "row_costs": costs}  # fmt: skip
     args.trace.write_text(json.dumps(out))
     for r in runs[1:]:
-        print(f"{r['name']:<16} prompt {len(r['prompt']):>4}  output {len(r['output']):>3}  prefill {r['prefill_s'] * 1e3:6.1f} ms  decode {sum(r['decode_s']) * 1e3:7.1f} ms")  # fmt: skip
+        print(f"{r['name']:<16} prompt {len(r['prompt']):>4}  output {len(r['output']):>3}  prefill {r['prefill_s'] * 1e3:6.1f} ms ({r['prefill_cpu'] * 1e3:6.1f} CPU)  decode {sum(r['decode_s']) * 1e3:7.1f} ms ({r['decode_cpu'] * 1e3:7.1f} CPU)")  # fmt: skip
     print("fused step of n rows of one sequence (ms, median):", {n: round(s * 1e3, 1) for n, s in costs.items()})  # fmt: skip
 
 
