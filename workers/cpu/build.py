@@ -29,16 +29,20 @@ from syshax.shared import env
 log = logging.getLogger(__name__)
 
 SOURCES = ("quant.c", "gemm.c", "tile16.c", "kquant.c", "ops.c", "decode.c")
-HEADERS = ("sx.h", "simd.h", "gemm.h", "ops.h")
+HEADERS = ("sx.h", "simd.h", "gemm.h", "ops.h", "prof.h")
 BASE_FLAGS = ("-O3", "-std=gnu11", "-fPIC", "-shared", "-fopenmp", "-ffp-contract=off")
 # variant -> extra flags. "native" is what the engine uses (-march=$SYSHAX_KERNEL_MARCH, default
 # native); "portable" (scalar, bit-identical results) exists so tests can check the fallback on
-# any machine.
-VARIANTS = ("native", "portable")
+# any machine; "profile" is native with the fused step's per-op clocks (prof.h), for
+# bench/step_profile.py only.
+VARIANTS = ("native", "portable", "profile")
 
 
 def _variant_flags(variant: str) -> tuple[str, ...]:
-    return (f"-march={env.kernel_march()}",) if variant == "native" else ("-DSX_PORTABLE",)
+    if variant == "portable":
+        return ("-DSX_PORTABLE",)
+    native = (f"-march={env.kernel_march()}",)
+    return native + ("-DSX_PROFILE",) if variant == "profile" else native
 
 
 class KernelBuildError(RuntimeError):

@@ -149,11 +149,13 @@ class FusedDecoder:
         threads: int | None = None,
         nrc: int = 0,
         max_tokens: int = 0,
+        variant: str = "native",
     ):
-        """`max_tokens`: the most token rows one `step` takes (the scheduler's token budget)."""
+        """`max_tokens`: the most token rows one `step` takes (the scheduler's token budget);
+        `variant`: the kernel build (build.py; "profile" adds per-op clocks)."""
         self._ctx = None
         _check(model.config, cache)
-        self._lib = lib.load()
+        self._lib = lib.load(variant)
         self.threads = threads or torch.get_num_threads()
         self.vocab = model.config.vocab_size
         if len(numa_nodes()) > 1:

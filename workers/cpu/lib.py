@@ -129,6 +129,8 @@ _SIGNATURES = {
         c_int,
         [c_void_p, c_int, c_void_p, c_void_p, c_void_p, c_void_p, c_int, c_int, c_void_p, c_void_p],
     ),
+    "sx_prof_read": (c_int, [c_void_p, c_void_p, c_int]),
+    "sx_prof_tsc": (ctypes.c_uint64, []),
     "sx_rmsnorm": (None, [c_void_p, c_void_p, c_int, c_float, c_void_p]),
     "sx_softmax_inplace": (None, [c_void_p, c_int]),
 }

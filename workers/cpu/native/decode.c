@@ -21,6 +21,7 @@
 
 #include "gemm.h"
 #include "ops.h"
+#include "prof.h"
 #include "simd.h"
 
 typedef struct {
@@ -46,6 +47,7 @@ struct sx_ctx {
     int32_t *ident;            /* [n_slots]: ident[s] = s, the tables of an unpaged cache */
     float *x, *qkv, *attn, *proj, *gu, *h;
     sx_scratch *ws;
+    uint64_t *prof; /* [nt, n_layers + 1, SX_PROF_STRIDE] op clocks (prof.h); NULL unless SX_PROFILE */
 };
 
 const char *sx_simd(void) {
@@ -122,6 +124,7 @@ void sx_ctx_free(sx_ctx *c) {
     free(c->row_table);
     free(c->claims);
     free(c->ident);
+    free(c->prof);
     zfree(c->x);
     zfree(c->qkv);
     zfree(c->attn);
@@ -158,6 +161,10 @@ sx_ctx *sx_ctx_new(const sx_model *m, int max_batch, int n_threads, int nrc) {
     c->ident = (int32_t *)calloc(m->n_slots > 0 ? m->n_slots : 1, sizeof(int32_t));
     int ok = c->x && c->qkv && c->attn && c->proj && c->gu && c->h && c->ws && c->row_table && c->ident && c->claims &&
              c->bs > 0 && (m->block_size == 0 || m->block_size % 8 == 0);
+#ifdef SX_PROFILE
+    c->prof = (uint64_t *)calloc((size_t)c->nt * (m->n_layers + 1) * SX_PROF_STRIDE, sizeof(uint64_t));
+    ok = ok && c->prof;
+#endif
     for (int s = 0; ok && s < m->n_slots; s++) c->ident[s] = s;
     for (int t = 0; ok && t < c->nt; t++) {
         c->ws[t].xn = zalloc(B * c->kmax * 4);
@@ -370,6 +377,7 @@ static int check_rows(sx_ctx *c, int n, const int64_t *tokens, const int64_t *po
 int sx_step(sx_ctx *c, int n, const int64_t *tokens, const int64_t *positions, const int64_t *seqs,
             const int32_t *tables, int table_stride, int n_out, const int64_t *out_rows, float *logits) {
     const sx_model *m = &c->m;
+    const uint64_t prof_in = sx_prof_now();
     const int two_phase = check_rows(c, n, tokens, positions, seqs, tables, table_stride, n_out, out_rows);
     if (two_phase < 0) return two_phase;
     /* The tokens' embedding rows, dequantized from the table as stored (F32 rows are copied). */
@@ -379,6 +387,7 @@ int sx_step(sx_ctx *c, int n, const int64_t *tokens, const int64_t *positions, c
 #pragma omp parallel num_threads(c->nt)
     {
         const int t = sx_thread_num(), nt = sx_num_threads();
+        SX_PROF_DECL;
         sx_scratch *ws = &c->ws[t < c->nt ? t : 0];
         sx_act act = {NULL, ws->blocks, ws->scales, ws->zq, ws->xsum, ws->hsum};
         int r0, r1;
@@ -387,9 +396,12 @@ int sx_step(sx_ctx *c, int n, const int64_t *tokens, const int64_t *positions, c
             const int ph = l * PHASES_PER_LAYER;
             norm_rows(c->x, L->attn_norm, n, m->hidden, m->eps, ws->xn);
             sx_act_prepare(&L->qkv, ws->xn, n, &act);
+            SX_PROF(c, t, l, SX_P_ATTN_PREP);
             sx_claim q = claim_start(c, ph, L->qkv.rows, t, nt);
             while (claim_next(&q, &r0, &r1)) sx_gemm_rows(&L->qkv, r0, r1, n, &act, c->qkv, L->qkv.rows, c->nrc);
+            SX_PROF(c, t, l, SX_P_QKV);
 #pragma omp barrier
+            SX_PROF(c, t, l, SX_P_QKV_WAIT);
             const int per = n * m->n_kv_heads >= 2 * nt ? m->n_heads / m->n_kv_heads : 1;
             const int items_per_seq = m->n_heads / per;
             if (two_phase) {
@@ -408,12 +420,18 @@ int sx_step(sx_ctx *c, int n, const int64_t *tokens, const int64_t *positions, c
                     attention_item(c, L, s, c->row_table[s], h0, h0 + per, positions[s], ws->scores);
                 }
             }
+            SX_PROF(c, t, l, SX_P_ATTN);
 #pragma omp barrier
+            SX_PROF(c, t, l, SX_P_ATTN_WAIT);
             sx_act_prepare(&L->o, c->attn, n, &act);
+            SX_PROF(c, t, l, SX_P_O_PREP);
             project_add(c, &L->o, n, &act, ph + 3, t, nt);
+            SX_PROF(c, t, l, SX_P_O);
 #pragma omp barrier
+            SX_PROF(c, t, l, SX_P_O_WAIT);
             norm_rows(c->x, L->ffn_norm, n, m->hidden, m->eps, ws->xn);
             sx_act_prepare(&L->gate_up, ws->xn, n, &act);
+            SX_PROF(c, t, l, SX_P_FFN_PREP);
             q = claim_start(c, ph + 4, m->inter, t, nt);
             while (claim_next(&q, &r0, &r1)) {
                 sx_gemm_rows(&L->gate_up, r0, r1, n, &act, c->gu, 2 * m->inter, c->nrc);
@@ -423,10 +441,15 @@ int sx_step(sx_ctx *c, int n, const int64_t *tokens, const int64_t *positions, c
                     sx_silu_mul(gu + r0, gu + m->inter + r0, c->h + (size_t)i * m->inter + r0, r1 - r0);
                 }
             }
+            SX_PROF(c, t, l, SX_P_GATE_UP);
 #pragma omp barrier
+            SX_PROF(c, t, l, SX_P_GU_WAIT);
             sx_act_prepare(&L->down, c->h, n, &act);
+            SX_PROF(c, t, l, SX_P_DOWN_PREP);
             project_add(c, &L->down, n, &act, ph + 5, t, nt);
+            SX_PROF(c, t, l, SX_P_DOWN);
 #pragma omp barrier
+            SX_PROF(c, t, l, SX_P_DOWN_WAIT);
         }
         /* Only the rows that are sampled need the final norm and the LM head. */
         for (int j = 0; j < n_out; j++)
@@ -434,12 +457,31 @@ int sx_step(sx_ctx *c, int n, const int64_t *tokens, const int64_t *positions, c
                        ws->xn + (size_t)j * m->hidden);
         if (n_out > 0) {
             sx_act_prepare(&m->lm_head, ws->xn, n_out, &act);
+            SX_PROF(c, t, m->n_layers, SX_P_HEAD_PREP);
             sx_claim q = claim_start(c, m->n_layers * PHASES_PER_LAYER, m->vocab, t, nt);
             while (claim_next(&q, &r0, &r1)) sx_gemm_rows(&m->lm_head, r0, r1, n_out, &act, logits, m->vocab, c->nrc);
+            SX_PROF(c, t, m->n_layers, SX_P_HEAD);
         }
+        SX_PROF_BARRIER;
+        SX_PROF(c, t, m->n_layers, SX_P_END_WAIT);
+    }
+    if (c->prof) { /* thread 0's row after the last layer's */
+        c->prof[(size_t)m->n_layers * SX_PROF_STRIDE + SX_P_TOTAL] += sx_prof_now() - prof_in;
+        c->prof[(size_t)m->n_layers * SX_PROF_STRIDE + SX_P_STEPS] += 1;
     }
     return 0;
 }
+
+int sx_prof_read(sx_ctx *c, uint64_t *out, int reset) {
+    if (!c->prof) return -1;
+    const size_t rows = (size_t)c->nt * (c->m.n_layers + 1);
+    for (size_t i = 0; i < rows; i++)
+        for (int k = 0; k < SX_PROF_N; k++) out[i * SX_PROF_N + k] = c->prof[i * SX_PROF_STRIDE + k];
+    if (reset) memset(c->prof, 0, rows * SX_PROF_STRIDE * sizeof(uint64_t));
+    return c->nt;
+}
+
+uint64_t sx_prof_tsc(void) { return sx_prof_now(); }
 
 int sx_decode(sx_ctx *c, int n, const int64_t *tokens, const int64_t *positions, float *logits) {
     if (n > c->m.n_slots) return -1;

@@ -154,6 +154,11 @@ void sx_ctx_free(sx_ctx *c);
  * tokens[i] at positions[i] (its KV is written there, attention covers [0, positions[i]]).
  * logits: [n, vocab]. Returns 0, or a negative error as sx_step. */
 int sx_decode(sx_ctx *c, int n, const int64_t *tokens, const int64_t *positions, float *logits);
+/* Profile builds only (-DSX_PROFILE, prof.h): each thread's op-class clocks (TSC ticks) per
+ * layer into out[nt][n_layers + 1][SX_PROF_N]; returns nt, or -1 in a build without the clocks.
+ * reset: zero them. */
+int sx_prof_read(sx_ctx *c, uint64_t *out, int reset);
+uint64_t sx_prof_tsc(void); /* the TSC (0 without SX_PROFILE) */
 /* One step of n token rows (decodes and prompt chunks mixed): row i is tokens[i] of sequence
  * seqs[i] at positions[i] (its K/V is written there; attention covers [0, positions[i]]).
  * Sequence s's block table is tables[s * table_stride ...]: position t is in block
