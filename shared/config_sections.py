@@ -289,7 +289,7 @@ class SpeculativeConfig(_Section):
 
     method: Annotated[SpecMethod, BeforeValidator(_text)] = Field(
         "none",
-        description="none | ngram | draft; ngram = each decoding stream proposes the tokens that followed the latest earlier occurrence of its last 2-4 tokens (prompt lookup, no extra model) and one step verifies them: greedy text unchanged, sampling keeps its distribution; pays on input-grounded work (repeat, rewrite, fix, extract, edit code) at 1-8 streams; draft = a small model with the target's tokenizer (draft_model), run by the same worker, proposes each stream's tokens (k small steps of the draft, then one verify step of the target); sampling verifies with the draft's own distribution",
+        description="none | ngram | draft; ngram = each decoding stream proposes the tokens that followed the longest earlier occurrence (2-32 tokens) of its last tokens in its prompt and output (prompt lookup, no extra model; as many as its match's record and the measured step costs pay for) and one step verifies them: greedy text unchanged, sampling keeps its distribution; pays on input-grounded work (repeat, rewrite, fix, extract, edit code) at 1-8 streams; draft = a small model with the target's tokenizer (draft_model), run by the same worker, proposes each stream's tokens (k small steps of the draft, then one verify step of the target); sampling verifies with the draft's own distribution",
     )
     num_tokens: int = Field(
         5,
