@@ -10,7 +10,7 @@ endpoint returns them as they are.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 
@@ -21,6 +21,9 @@ from .liveness import heartbeat_ttl
 from .model_state import dispatch_counts, job_streams, model_rows, total_counts
 from .schemas import KVHandle, SchemaError
 from .worker_io import live_workers
+
+if TYPE_CHECKING:
+    from .amqp_view import AmqpQueueView  # pika only where the farm's jobs are on RabbitMQ
 
 MAX_LEASES = 50  # leases listed one by one (the totals count them all)
 MAX_DEAD = 50
@@ -45,12 +48,20 @@ def _id_age(entry_id: Any, now: float) -> float | None:
 
 
 def streams_view(
-    r: redis.Redis, keys: Keys = KEYS, now: float | None = None, models: tuple[str, ...] = ("",)
+    r: redis.Redis,
+    keys: Keys = KEYS,
+    now: float | None = None,
+    models: tuple[str, ...] = ("",),
+    amqp: AmqpQueueView | None = None,
 ) -> list[dict]:
     """Each work stream: length, waiting (not yet taken), pending (taken, not acked), the
-    queued age of the oldest pending entry, and its consumers (name, pending, idle seconds)."""
+    queued age of the oldest pending entry, and its consumers (name, pending, idle seconds).
+    `amqp` (`broker.jobs: amqp`): the prefill and decode queues are RabbitMQ's, shown with
+    their ready jobs (`transport` rabbitmq; pending and consumers not known: None, [])."""
     now = time.time() if now is None else now
     streams = work_streams(keys, models)
+    on_amqp = {k for name, (m, k) in job_streams(keys, models).items()
+               if amqp is not None and k != keys.for_model(m).prefill_batch_stream}  # fmt: skip
     pipe = r.pipeline(transaction=False)
     for key in streams.values():
         pipe.xlen(key)
@@ -65,10 +76,17 @@ def streams_view(
         taken = int(pending.get("pending") or 0)
         oldest = _id_age(pending.get("min"), now) if taken else None
         rows = consumers if isinstance(consumers, list) else []
+        if key in on_amqp:
+            ready = amqp.depth(key)
+            out.append({"name": name, "key": key, "transport": "rabbitmq", "length": ready,
+                        "waiting": ready, "pending": None, "oldest_pending_age_s": None,
+                        "consumers": []})  # fmt: skip
+            continue
         out.append(
             {
                 "name": name,
                 "key": key,
+                "transport": "redis",
                 "length": length,
                 "waiting": max(length - taken, 0),
                 "pending": taken,
@@ -239,8 +257,11 @@ def farm_view(
     now: float | None = None,
     kv_ttl: float = 120.0,
     models: tuple[str, ...] = ("",),
+    amqp: AmqpQueueView | None = None,
 ) -> dict:
-    """Everything the Farm page shows, in one JSON-ready dict (`models`: work_streams')."""
+    """Everything the Farm page shows, in one JSON-ready dict (`models`: work_streams';
+    `amqp`: the farm's RabbitMQ queues with `broker.jobs: amqp`, streams_view's, and its
+    dead-letter queue's count in `rabbitmq_dead`, None without)."""
     now = time.time() if now is None else now
     workers = [
         worker_view(w, now)
@@ -249,7 +270,7 @@ def farm_view(
         )
     ]
     dead = list_dead(r, keys, MAX_DEAD, now)
-    streams = streams_view(r, keys, now, models)
+    streams = streams_view(r, keys, now, models, amqp)
     dispatcher = dispatcher_view(r, keys, models=models)
     return {
         "now": now,
@@ -262,6 +283,7 @@ def farm_view(
         "dispatcher": dispatcher,
         "kv": leases_view(r, keys, now, kv_ttl),
         "itl_tails": itl_view(r, keys, now),
+        "rabbitmq_dead": amqp.dead_letters() if amqp is not None else None,
         "dead_letters": {
             "length": r.xlen(keys.dead_letter_stream),
             "entries": [d.as_dict() for d in dead],

@@ -105,6 +105,8 @@ def run(args: argparse.Namespace) -> int:
         url_prefix=args.url_prefix.rstrip("/"),
         poll_ms=args.poll_ms,
         models=tuple(m.key for m in cfg.served_models()),
+        jobs=cfg.broker.jobs,
+        amqp_url=cfg.broker.amqp_url or "",
     )
     app = make_app(settings)
     # Dead-letter actions are logged (who, which job, what it was); Flask's request lines not.

@@ -30,6 +30,8 @@ class FarmPageSettings:
     url_prefix: str = ""
     poll_ms: int = 1000  # how often the pages refresh themselves
     models: tuple[str, ...] = ("",)  # the stream keys of the farm's models ("" = the one's)
+    jobs: str = "redis"  # broker.jobs: amqp = the job queues' depths are RabbitMQ's
+    amqp_url: str = ""  # broker.amqp_url ("" = the default)
 
 
 def make_app(settings: FarmPageSettings) -> Flask:

@@ -9,6 +9,7 @@ cannot requeue or drop through a browser that is logged in here.
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any
 
 import redis
@@ -69,13 +70,33 @@ def page():
     )
 
 
+_amqp_lock = threading.Lock()  # one pika connection per app: not thread-safe, requests are
+
+
+def _amqp():
+    """With `broker.jobs: amqp`, the farm's RabbitMQ queues (read-only; one per app)."""
+    s = _settings()
+    if s.jobs != "amqp":
+        return None
+    view = current_app.extensions.get("farm_amqp")
+    if view is None:
+        from syshax.broker.amqp_view import AmqpQueueView
+
+        view = current_app.extensions["farm_amqp"] = AmqpQueueView(s.keys, s.amqp_url)
+    return view
+
+
 @farm.route("/state.json")
 def state():
     s = _settings()
     try:
-        return _no_store(farm_view(_redis(), s.keys, kv_ttl=s.kv_ttl, models=s.models))
-    except redis.RedisError as exc:
-        return _no_store({"error": f"Redis unreachable: {exc}"}, 503)
+        with _amqp_lock:
+            return _no_store(
+                farm_view(_redis(), s.keys, kv_ttl=s.kv_ttl, models=s.models, amqp=_amqp())
+            )
+    except redis.RedisError as exc:  # RabbitMQ's AmqpUnreachable is one too
+        what = "RabbitMQ" if type(exc).__name__ == "AmqpUnreachable" else "Redis"
+        return _no_store({"error": f"{what} unreachable: {exc}"}, 503)
 
 
 @farm.route("/dead/<entry_id>/<action>", methods=["POST"])

@@ -152,7 +152,12 @@ function actionButton(td, letter, action, label, cls) {
 
 function drawDead(state) {
   const dead = state.dead_letters;
-  document.getElementById("dead-count").textContent = `${dead.length} in the stream`;
+  let count = `${dead.length} in the stream`;
+  if (state.rabbitmq_dead !== null && state.rabbitmq_dead !== undefined) {
+    // broker.jobs amqp: RabbitMQ's letters are counted, not read (reading takes them)
+    count += `; ${state.rabbitmq_dead} in RabbitMQ's dead-letter queue (syshax dead-letters list)`;
+  }
+  document.getElementById("dead-count").textContent = count;
   fill("dead", dead.entries, (tr, d) => {
     tr.id = `dead-${d.id}`;
     cell(tr, d.id);
