@@ -90,8 +90,7 @@ def idle_cost(r, url: str, seconds: float, prefetch: int = 0) -> tuple[float | N
     """(RabbitMQ's CPU %, the worker's CPU %) while a worker with nothing to do waits on its
     two queues: polling them (basic.get has no blocking form) or, `prefetch` > 0, blocked on
     its consumers; RabbitMQ's is None when its process is not found here (pgrep beam.smp)."""
-    found = subprocess.run(["pgrep", "-f", "beam.smp"], capture_output=True, text=True)
-    pid = found.stdout.split()[0] if found.stdout.split() else None
+    pid = _beam_pid()
     keys = Keys(f"bench{uuid.uuid4().hex[:8]}")
     worker = WorkerJobs(r, keys, "w1", "amqp", url)
     queues = worker.queues([keys.decode_stream("cpu"), keys.prefill_stream], prefetch)
@@ -104,6 +103,12 @@ def idle_cost(r, url: str, seconds: float, prefetch: int = 0) -> tuple[float | N
     _delete(worker, keys)
     worker.close()
     return beam, me
+
+
+def _beam_pid() -> str | None:
+    """RabbitMQ's Erlang VM on this machine (its CPU time is read from /proc), else None."""
+    found = subprocess.run(["pgrep", "-f", "beam.smp"], capture_output=True, text=True)
+    return found.stdout.split()[0] if found.stdout.split() else None
 
 
 def _delete(worker: WorkerJobs, keys: Keys) -> None:
@@ -129,11 +134,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     results: dict[str, dict[str, list[float]]] = {t: {s: [] for s in STEPS} for t in TRANSPORTS}
+    # CPU seconds per transport (load-independent, unlike the latencies): RabbitMQ's (its
+    # beam.smp, when found here) and this process's (the client side: pika or redis-py).
+    beam_pid = _beam_pid()
+    cpu = {t: {"rabbitmq": 0.0, "client": 0.0} for t in TRANSPORTS}
     with EmbeddedRedis() as server:
         r = sync_client(server.url)
         order = [t for _ in range(args.rounds) for t in TRANSPORTS]
         for transport in tqdm(order, desc="rounds (alternating)"):
+            beam0, me0 = proc_cpu(beam_pid) if beam_pid else 0.0, time.process_time()
             got = one_round(r, transport, args.amqp_url, args.jobs)
+            cpu[transport]["client"] += time.process_time() - me0
+            cpu[transport]["rabbitmq"] += (proc_cpu(beam_pid) - beam0) if beam_pid else 0.0
             for step, values in got.items():
                 results[transport][step] += values
     print(f"machine: {platform.node()} {platform.machine()}, python {platform.python_version()}")
@@ -152,6 +164,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{step:<14}" + "".join(f"{x:>18.0f}" for x in p50s)
               + "".join(f"{x:>16.0f}" for x in p99s))  # fmt: skip
     print(f"{'a job (sum)':<14}" + "".join(f"{total[t]:>18.0f}" for t in TRANSPORTS))
+    n = args.jobs * args.rounds
+    for side in ("rabbitmq", "client"):
+        if side == "rabbitmq" and not beam_pid:
+            print("RabbitMQ CPU per job: not measured (no beam.smp here)")
+            continue
+        row = "".join(f"{cpu[t][side] / n * 1e6:>18.0f}" for t in TRANSPORTS)
+        print(f"{side + ' CPU us/job':<14}" + row)
     if args.idle_seconds > 0:
         for name, prefetch in (("polling (basic.get)", 0), ("pushed (basic.consume)", PREFETCH)):
             with EmbeddedRedis() as server:
