@@ -39,11 +39,11 @@ class FarmView:
     def host(self) -> str:
         return self.heartbeat.static["host"]
 
-    def workers(self, force: bool = False) -> list[dict]:
-        """The live workers' heartbeats (this one's included), read at most every CACHE_S
-        unless `force`."""
+    def workers(self, force: bool = False, max_age: float = CACHE_S) -> list[dict]:
+        """The live workers' heartbeats (this one's included), read at most every `max_age`
+        seconds unless `force`."""
         at, cached = self._cache
-        if force or time.monotonic() - at > CACHE_S:
+        if force or time.monotonic() - at > max_age:
             cached = live_workers(self.r, self.keys)
             self._cache = (time.monotonic(), cached)
         return cached

@@ -18,12 +18,12 @@ import time
 
 import redis
 from syshax.broker import choices
-from syshax.broker.dispatcher import Decision, Dispatcher
+from syshax.broker.dispatcher import Decision, DeviceLoad, Dispatcher
 from syshax.broker.job_transport import JobQueue
 from syshax.broker.keys import Keys
 from syshax.broker.kv_store import KVStore
 from syshax.broker.schemas import DecodeJob, RequestPart
-from syshax.broker.worker_io import Entry, record_dispatch
+from syshax.broker.worker_io import Entry, decoder_classes, record_dispatch
 
 from .engine.errors import EngineError
 from .engine.protocol import EngineProtocol
@@ -68,12 +68,38 @@ class Handoff:
     def place(self, job: Job) -> bool:
         """Decide where `job`'s decode goes: False when it stays in this engine (marked
         `in_process`), True when it was sent away (it has left the engine, its entry acked)."""
-        decision = self.decide(job)
+        decision = self.without_loads(job) or self.decide(job)
         if decision.device == self.opts.device_class and "decode" in self.opts.roles:
             job.in_process = True
             return False
         self.send(job, decision.device, decision.rule)
         return True
+
+    def look_ahead(self) -> None:
+        """Before a step that computes prompts only (no stream waits on it): the live workers
+        read now, so that `without_loads` needs no Redis read after it."""
+        if self._no_cpu_rule_applies():
+            self.farm.workers(force=True)
+
+    def without_loads(self, job: Job) -> Decision | None:
+        """The decision, when it cannot depend on the loads: an xPU worker that decodes, in a
+        farm with no live CPU decoder (as read at most a heartbeat period ago, the lag of the
+        heartbeats the loads come from). Every rule then answers the xPU before it looks at a
+        load (`Dispatcher._choose`), so the three round trips of the loads (live workers,
+        queues) are skipped: they sat between a stream's first token and its second."""
+        if not self._no_cpu_rule_applies():
+            return None
+        if "cpu" in decoder_classes(self.farm.workers(max_age=self.opts.heartbeat_s)):
+            return None
+        remaining = (job.params.max_tokens or self.engine.max_model_len) - len(
+            self.engine.output_ids(job.request_id)
+        )
+        decision = self.dispatcher.choose(DeviceLoad(), DeviceLoad(), remaining)
+        self._record(job.request_id, decision)
+        return decision
+
+    def _no_cpu_rule_applies(self) -> bool:
+        return self.opts.device_class == "xpu" and "decode" in self.opts.roles
 
     def decide(self, job: Job) -> Decision:
         """Ask the dispatcher (and record its answer) for a sequence just prefilled here."""

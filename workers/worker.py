@@ -47,6 +47,7 @@ log = logging.getLogger(__name__)
 # longer than this anyway; it only keeps a very fast engine (the echo stand-in, a big GPU)
 # from spending a Redis round trip per step on polling.
 POLL_INTERVAL_S = 0.005
+BATCH_POLL_S = 0.05
 
 
 class Worker:
@@ -73,7 +74,7 @@ class Worker:
         self.backlog: deque[Job] = deque()  # decode jobs waiting for a free slot
         self.forks = Forks()  # choices waiting for their request's prompt to be computed
         self.draining = False
-        self._last_poll = 0.0
+        self._last_poll = self._batch_polled = 0.0
         self.cadence = TokenCadence()
         # The collaborators: each given exactly what it needs, none given the Worker whole
         # (the upkeep sees it through `upkeep.KeptWorker`).
@@ -109,6 +110,9 @@ class Worker:
         self.metrics.last_turn = time.monotonic()
         self._schedule()
         if self.engine.has_unfinished():
+            if self.engine.num_running == 0:  # prompts only: no stream waits on this step
+                self.upkeep.on_timers(time.monotonic(), early=True)
+                self.handoff.look_ahead()
             self._step()
         else:
             self.cadence.idle()
@@ -135,7 +139,11 @@ class Worker:
         self._last_poll = now
         streams = self.streams
         entries = streams.work.read(free, None)
-        if streams.batch is not None and free - len(entries) > 0 and not entries:
+        # Batch work waits for slots anyway: while streams run, its stream is read at most
+        # every BATCH_POLL_S, not on every step (a second round trip between two tokens).
+        batch_due = idle or now - self._batch_polled >= BATCH_POLL_S
+        if streams.batch is not None and not entries and free > 0 and batch_due:
+            self._batch_polled = now
             entries = streams.batch.read(free, None)
         if not entries and free > 0:
             entries = self.handoff.take_queued()  # a CPU slot for a job waiting on the xPU

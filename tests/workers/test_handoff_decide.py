@@ -27,7 +27,11 @@ def _handoff(running: int, capacity: int, roles: set[str], dispatcher: Dispatche
     return Handoff(
         SimpleNamespace(output_ids=lambda rid: [7], max_model_len=512),
         SimpleNamespace(
-            worker_id="xpu", device_class="xpu", roles=frozenset(roles), handoff_slots=0
+            worker_id="xpu",
+            device_class="xpu",
+            roles=frozenset(roles),
+            handoff_slots=0,
+            heartbeat_s=1.0,
         ),
         dispatcher,
         r=r,
@@ -70,3 +74,35 @@ def test_a_full_worker_with_prompts_waiting_hands_the_sequence_off():
     handoff.r.xadd(KEYS.prefill_stream, {"n": 1})
     decision = handoff.decide(JOB)
     assert decision.device == CPU and decision.rule == "slo", decision
+
+
+def test_with_no_cpu_decoder_the_decision_reads_no_loads():
+    """An xPU worker that decodes, in a farm with no live CPU decoder: every rule answers the
+    xPU before it looks at a load, so `place` decides without reading the loads (the live
+    workers come from the view, queue lengths are not read); the decision is recorded."""
+    xpu_peer = {"id": "g2", "roles": "decode", "device_class": "xpu", "capacity": "4", "running": "4", "waiting": "0"}  # fmt: skip
+    handoff = _handoff(1, 4, {"prefill", "decode"}, Dispatcher(slo_itl_s=0.050), [xpu_peer])
+    handoff.farm.workers = lambda force=False, max_age=0.0: [xpu_peer]
+    full_path = handoff.decide(JOB)  # what the dispatcher answers with the loads read
+    handoff.r.delete(KEYS.dispatch_count(XPU))
+
+    def no_loads():
+        raise AssertionError("the loads were read")
+
+    handoff.farm.loads = no_loads
+    decision = handoff.without_loads(JOB)
+    assert decision is not None and decision.device == XPU == full_path.device
+    assert decision.rule == full_path.rule == "no_cpu_decoder", decision
+    assert int(handoff.r.get(KEYS.dispatch_count(XPU))) == 1  # recorded as before
+
+
+def test_a_live_cpu_decoder_sends_the_decision_to_the_loads():
+    handoff = _handoff(1, 4, {"prefill", "decode"}, Dispatcher(slo_itl_s=0.050), [CPU_PEER])
+    handoff.farm.workers = lambda force=False, max_age=0.0: [CPU_PEER]
+    assert handoff.without_loads(JOB) is None
+
+
+def test_a_prefill_only_worker_always_reads_the_loads():
+    handoff = _handoff(1, 4, {"prefill"}, Dispatcher(slo_itl_s=0.050), [])
+    handoff.farm.workers = lambda force=False, max_age=0.0: []
+    assert handoff.without_loads(JOB) is None

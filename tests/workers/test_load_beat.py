@@ -37,3 +37,30 @@ def test_a_change_in_held_slots_is_beaten_within_load_beat_s(redis_url):
     assert _held(r) is None, "nothing changed: no beat before heartbeat_s"
     w.upkeep.on_timers(t + 1.2 * upkeep.LOAD_BEAT_S + opts.heartbeat_s)
     assert _held(r) == 1, "the regular beat"
+
+
+def test_before_a_prompt_only_step_the_timers_run_early(redis_url):
+    """`early` (a step no stream waits on comes next): a changed load is beaten at once (no
+    LOAD_BEAT_S wait) and a timer due within half its period runs now, so neither lands
+    between a new stream's first token and its second."""
+    r = redis.Redis.from_url(redis_url)
+    opts = WorkerOptions(worker_id="cpu0", roles=frozenset({"decode"}), device_class="cpu", heartbeat_s=10.0, claim_s=4.0)  # fmt: skip
+    w = Worker(EchoEngine(max_num_seqs=4), redis.Redis.from_url(redis_url), opts, Dispatcher())
+    claims: list[float] = []
+    w.upkeep.claim = lambda: claims.append(t)
+    t = 1000.0
+    w.upkeep.on_timers(t)  # the first beat and claim round are due at once
+    assert _held(r) == 0 and claims == [t]
+    w.engine.add_request("a", [5, 6, 7], SamplingParams(max_tokens=4))
+    t += upkeep.LOAD_BEAT_S / 4
+    w.upkeep.on_timers(t)
+    assert _held(r) == 0, "not early: rate-limited within LOAD_BEAT_S"
+    w.upkeep.on_timers(t, early=True)
+    assert _held(r) == 1, "early: the new load at once"
+    t = 1000.0 + opts.claim_s * 0.6  # the next claim round is due at 1004.0
+    w.upkeep.on_timers(t)
+    assert claims == [1000.0], "not due yet"
+    w.upkeep.on_timers(t, early=True)
+    assert claims == [1000.0, t], "due within half its period: run early"
+    w.upkeep.on_timers(t + 1.0, early=True)
+    assert len(claims) == 2, "and not again before its next period"
