@@ -51,17 +51,21 @@ def longest_match(ids: Seq[int], min_n: int, max_n: int) -> Match | None:
         return None
     hay = array("I", ids).tobytes()
     limit = len(hay) - WIDTH  # an occurrence must end before the last token
-    best: list[int] = []
-    n = min_n
-    top = min(max_n, size - 1)
-    while n <= top:  # grow the suffix while it still occurs: the longest wins
-        found = _occurrences(hay, hay[-n * WIDTH :], limit, MAX_OCCURRENCES)
-        if not found:
-            break
-        best, n = found, n + 1
-    if not best:
+
+    def occurs(n: int) -> bool:
+        return bool(_occurrences(hay, hay[-n * WIDTH :], limit, 1))
+
+    # A suffix that occurs has every shorter suffix occurring too: binary search for the
+    # longest (a copying sequence matches all the way, far back in its prompt: each probe
+    # scans the context, so ~5 probes instead of up to 31).
+    lo, hi = min_n, min(max_n, size - 1)
+    if lo > hi or not occurs(lo):
         return None
-    n -= 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if occurs(mid) else (lo, mid - 1)
+    n = lo
+    best = _occurrences(hay, hay[-n * WIDTH :], limit, MAX_OCCURRENCES)
     nexts = [ids[at + n] for at in best]  # every occurrence ends before the last token
     counts = Counter(nexts)
     token, agree = counts.most_common(1)[0]
