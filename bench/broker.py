@@ -66,13 +66,14 @@ class _Hide:
         if name.split(".")[0] in hidden:
             raise ImportError(f"{{name}} hidden by bench/broker.py --before-without")
 sys.meta_path.insert(0, _Hide())
-# That code predates redis-py 8, whose asyncio pool refuses a 101st connection (its default
-# cap; earlier versions had none): give it back the pool it was written for.
-import redis.asyncio.connection as _c
-_init = _c.ConnectionPool.__init__
-def _uncapped(self, *a, max_connections=None, **kw):
-    _init(self, *a, max_connections=max_connections or 2**31, **kw)
-_c.ConnectionPool.__init__ = _uncapped
+# The --before code predates redis-py 8, whose asyncio pool refuses a 101st connection (its
+# default cap; earlier versions had none): give it back the pool it was written for.
+if os.environ.get("SYSHAX_BENCH_UNCAP"):
+    import redis.asyncio.connection as _c
+    _init = _c.ConnectionPool.__init__
+    def _uncapped(self, *a, max_connections=None, **kw):
+        _init(self, *a, max_connections=max_connections or 2**31, **kw)
+    _c.ConnectionPool.__init__ = _uncapped
 """
 
 
@@ -87,22 +88,27 @@ class Farm:
     root: Path
     streams: int
     logdir: Path
+    step_delay: float = 0.0  # the echo engine's seconds per step (0: as fast as it goes)
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
     idle_rates: dict[str, float] = field(default_factory=dict)
 
-    def start(self, shim: Path | None, hide: str = "") -> Farm:
+    def start(self, shim: Path | None, hide: str = "", uncap: bool = False) -> Farm:
         self.redis = EmbeddedRedis().start()
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
         if self.root != HERE:
             env.update(
                 SYSHAX_BENCH_ROOT=str(self.root), PYTHONPATH=str(shim), SYSHAX_BENCH_HIDE=hide
             )
+            if uncap:
+                env["SYSHAX_BENCH_UNCAP"] = "1"
         self.port = free_port()
         url = self.redis.url
         gateway = ["gateway", "--port", str(self.port), "--redis-url", url, "--log-level", "warning"]  # fmt: skip
         worker = ["worker", "--roles", "prefill,decode", "--device-class", "cpu"]
         worker += ["--engine", "echo", "--redis-url", url, "--id", f"{self.name}-w"]
         worker += ["--max-batch-size", str(self.streams)]
+        if self.step_delay:
+            worker += ["--step-delay", str(self.step_delay)]
         for name, argv in (("gateway", gateway), ("worker", worker)):
             log = open(self.logdir / f"{self.name}-{name}.log", "ab")  # noqa: SIM115
             cmd = [sys.executable, "-m", "syshax.cli", *argv]
@@ -198,7 +204,9 @@ def idle_rates(farm: Farm, seconds: float) -> dict[str, float]:
 
 def run(args: argparse.Namespace) -> dict:
     levels = [int(x) for x in args.streams.split(",")]
-    roots = {"after": HERE}
+    # --after: a clean checkout (a worktree of a commit) rather than this working tree, which
+    # may hold other uncommitted work.
+    roots = {"after": Path(args.after).resolve() if args.after else HERE}
     if args.before:
         roots = {"before": Path(args.before).resolve(), **roots}
     logdir = Path(tempfile.mkdtemp(prefix="syshax-bench-broker-"))
@@ -207,7 +215,9 @@ def run(args: argparse.Namespace) -> dict:
     (shim / "sitecustomize.py").write_text(SITECUSTOMIZE.format(here=str(HERE)))
     results: dict[str, dict[int, list[dict[str, float]]]] = {n: {} for n in roots}
     farms = {
-        n: Farm(n, root, max(levels), logdir).start(shim, args.before_without)
+        n: Farm(n, root, max(levels), logdir, args.step_delay).start(
+            shim, args.before_without if n == "before" else "", uncap=n == "before"
+        )
         for n, root in roots.items()
     }
     try:
@@ -248,11 +258,13 @@ def report(results: dict, tokens: int) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("--before", default=None, help="another checkout (a git worktree) to measure in the same run")  # fmt: skip
+    p.add_argument("--after", default=None, help="the checkout measured as after (default: this one, as its working tree is)")  # fmt: skip
     p.add_argument("--before-without", default="uvloop,httptools", help="packages the --before checkout runs without, comma-separated (default uvloop,httptools: its dependencies lack them)")  # fmt: skip
     p.add_argument("--streams", default="64,256", help="concurrent streams per round, comma-separated (default 64,256)")  # fmt: skip
     p.add_argument("--tokens", type=int, default=256, help="tokens per stream (default 256)")
     p.add_argument("--rounds", type=int, default=3, help="rounds per level and variant (default 3)")
     p.add_argument("--spread", type=float, default=1.0, help="seconds over which a round's streams start (default 1; the older gateway answers 503 to 256 at once: its Redis pool held 100 connections)")  # fmt: skip
+    p.add_argument("--step-delay", type=float, default=0.0, help="seconds each echo engine step takes (default 0: as fast as it goes, so the steps are many and small; 0.02 is a real engine's pace, every stream of a round in each step)")  # fmt: skip
     p.add_argument("--idle-s", type=float, default=5.0, help="seconds each idle farm is measured, to net out (default 5)")  # fmt: skip
     p.add_argument("--json", default=None, help="also write the raw results to this file")
     args = p.parse_args()

@@ -4,6 +4,7 @@ against their annotations; a KV handle travels typed inside its DecodeJob."""
 from __future__ import annotations
 
 import msgpack
+import msgspec
 import pytest
 from syshax.broker.schemas import (
     VERSION,
@@ -13,6 +14,8 @@ from syshax.broker.schemas import (
     SchemaError,
     TokenEvent,
     check_types,
+    pack_events,
+    unpack_events,
 )
 from syshax.shared.sampling import SamplingParams
 
@@ -94,3 +97,19 @@ def test_check_types_refuses_a_sampling_field_of_the_wrong_type(params) -> None:
     with pytest.raises(SchemaError, match=f"SamplingParams: .*{next(iter(params))}"):
         check_types(sp)
     check_types(SamplingParams(temperature=1, stop="x"))  # an int is a float; stop a list
+
+
+def test_a_token_event_leaves_out_its_defaults_but_never_its_version() -> None:
+    full = TokenEvent(
+        request_id="r", seq=4, token_id=9, text="hi", finish_reason="stop", worker="w"
+    )
+    raw = msgpack.unpackb(full.pack())
+    assert list(raw) == ["v", "request_id", "seq", "token_id", "text", "finish_reason", "worker"]
+    assert raw["v"] == VERSION and TokenEvent.unpack(full.pack()) == full
+    assert list(msgpack.unpackb(TokenEvent().pack())) == ["v"]
+    # The full form (every field written, as older workers did) reads the same.
+    assert TokenEvent.unpack(msgpack.packb(msgspec.structs.asdict(full))) == full
+    # A batch of compact events, and an event of another version kept as it is (refused).
+    assert unpack_events(pack_events([full.pack(), TokenEvent(seq=5).pack()]))[1].seq == 5
+    with pytest.raises(SchemaError, match="unsupported version 2"):
+        TokenEvent.unpack(TokenEvent(v=2).pack())
