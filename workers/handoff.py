@@ -83,13 +83,14 @@ class Handoff:
 
     def without_loads(self, job: Job) -> Decision | None:
         """The decision, when it cannot depend on the loads: an xPU worker that decodes, in a
-        farm with no live CPU decoder (as read at most a heartbeat period ago, the lag of the
-        heartbeats the loads come from). Every rule then answers the xPU before it looks at a
-        load (`Dispatcher._choose`), so the three round trips of the loads (live workers,
-        queues) are skipped: they sat between a stream's first token and its second."""
+        farm with no live CPU decoder (as last read: by `look_ahead` before this prompt's
+        prefill, or by the claim round, at most a claim period ago). Every rule then answers
+        the xPU before it looks at a load (`Dispatcher._choose`), so the three round trips of
+        the loads (live workers, queues) are skipped: they sat between a stream's first token
+        and its second. A CPU decoder that just started is seen by the next read."""
         if not self._no_cpu_rule_applies():
             return None
-        if "cpu" in decoder_classes(self.farm.workers(max_age=self.opts.heartbeat_s)):
+        if "cpu" in decoder_classes(self.farm.workers(max_age=self.opts.claim_s)):
             return None
         remaining = (job.params.max_tokens or self.engine.max_model_len) - len(
             self.engine.output_ids(job.request_id)

@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 # longer than this anyway; it only keeps a very fast engine (the echo stand-in, a big GPU)
 # from spending a Redis round trip per step on polling.
 POLL_INTERVAL_S = 0.005
-BATCH_POLL_S = 0.05
+BATCH_POLL_S = 0.5
 
 
 class Worker:

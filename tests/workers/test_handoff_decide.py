@@ -31,7 +31,7 @@ def _handoff(running: int, capacity: int, roles: set[str], dispatcher: Dispatche
             device_class="xpu",
             roles=frozenset(roles),
             handoff_slots=0,
-            heartbeat_s=1.0,
+            claim_s=2.0,
         ),
         dispatcher,
         r=r,
