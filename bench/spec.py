@@ -13,6 +13,7 @@ printed and counted.
 
     python bench/spec.py                                  # ours: spec vs none, 1 and 4 streams
     python bench/spec.py --llama-server ~/.cache/syshax/llama-server/llama-server
+    python bench/spec.py --methods ngram,draft    # also a draft model (bench/draft_model.py)
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ def make_engine(model: Path, args: argparse.Namespace, method: str):
     from syshax.workers.engine.engine import Engine
     from syshax.workers.engine.speculative import SpecConfig
 
-    spec = SpecConfig(method=method, num_tokens=args.num_tokens)
+    draft = str(args.draft) if method == "draft" else None
+    spec = SpecConfig(method=method, num_tokens=args.num_tokens, draft_model=draft)
     return Engine(
         model,
         quantize="stored",
@@ -148,7 +150,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(args.threads)  # ours and llama-server on the same number of cores
     model = args.model or _speed_model(args.threads)
     prompts = load_prompts(args.prompts)[: args.num_prompts]
-    engines = {f"ours {m}": make_engine(model, args, m) for m in ("none", "ngram")}
+    if "draft" in args.methods and args.draft is None:
+        args.draft = _draft_model(args.draft_layers)
+    engines = {f"ours {m}": make_engine(model, args, m) for m in ("none", *args.methods)}
     tok = engines["ours none"].tokenizer
     ids = [tok.encode_chat(p["messages"]) for p in prompts]
     for eng in engines.values():  # warm: first-touch of weights and caches
@@ -162,7 +166,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             for name in order:
                 res = run_ours(engines[name], ids, streams, args.max_tokens)
                 _keep(results, name, streams, res, r)
-            mismatches += _compare(results, prompts, tok, streams)
+            mismatches += sum(_compare(results, prompts, tok, streams, m) for m in args.methods)
         if args.llama_server:
             _llama_round(args, model, prompts, results, llama_cmds, r)
     return {"model": str(model), "results": results, "mismatches": mismatches, "llama": llama_cmds}  # fmt: skip
@@ -173,15 +177,16 @@ def _keep(results: dict, name: str, streams: int, res: dict, r: int) -> None:
     print(f"# round {r}, {streams} streams: {name}: {res['tps']:.1f} tok/s ({res['tokens']} tokens, {res['seconds']:.1f} s)", file=sys.stderr, flush=True)  # fmt: skip
 
 
-def _compare(results: dict, prompts: list[dict], tok: Any, streams: int) -> int:
-    """The greedy texts of this round's two runs of ours, compared; returns the differences."""
+def _compare(results: dict, prompts: list[dict], tok: Any, streams: int, method: str) -> int:
+    """The greedy texts of this round's runs of ours without and with `method`, compared;
+    returns the differences."""
     plain = results["ours none"][streams][-1]["texts"]
-    spec = results["ours ngram"][streams][-1]["texts"]
+    spec = results[f"ours {method}"][streams][-1]["texts"]
     bad = 0
     for i, (a, b) in enumerate(zip(plain, spec, strict=True)):
         if a != b:
             bad += 1
-            print(f"# TEXT DIFFERS ({prompts[i]['name']}, {streams} streams):\n  none:  {tok.decode(a)!r}\n  ngram: {tok.decode(b)!r}", file=sys.stderr)  # fmt: skip
+            print(f"# TEXT DIFFERS ({prompts[i]['name']}, {streams} streams):\n  none:  {tok.decode(a)!r}\n  {method}: {tok.decode(b)!r}", file=sys.stderr)  # fmt: skip
     return bad
 
 
@@ -206,6 +211,16 @@ def _speed_model(threads: int) -> Path:
     return speed_model(threads)
 
 
+def _draft_model(layers: int) -> Path:
+    """The shipped SmolLM2 (Q4_1, unpadded) without 30 - `layers` middle layers: a stand-in
+    for a smaller model of the target's family (bench/draft_model.py)."""
+    sys.path.insert(0, str(HERE))
+    from draft_model import truncated_model
+    from syshax.shared.default_model import default_model_path
+
+    return truncated_model(Path(default_model_path()), layers)
+
+
 def report(out: dict[str, Any], args: argparse.Namespace) -> None:
     res = out["results"]
     print(f"model: {out['model']}; prompts: {args.prompts.name}; greedy, max_tokens {args.max_tokens}; {args.rounds} rounds, medians")  # fmt: skip
@@ -219,11 +234,11 @@ def report(out: dict[str, Any], args: argparse.Namespace) -> None:
             print(f"{name:<26} {streams:>7} {tps:>8.1f} {rounds:<24} {_f(acc):>7} {_f(tps_step):>8}")  # fmt: skip
     for streams in args.streams:
         ours = {n: statistics.median(r["tps"] for r in lv[streams]) for n, lv in res.items() if n.startswith("ours")}  # fmt: skip
-        line = f"{streams} streams: ngram / none = {ours['ours ngram'] / ours['ours none']:.2f}x"
+        line = f"{streams} streams: " + ", ".join(f"{m} / none = {ours[f'ours {m}'] / ours['ours none']:.2f}x" for m in args.methods)  # fmt: skip
         llama = {n: statistics.median(r["tps"] for r in lv[streams]) for n, lv in res.items() if n.startswith("llama")}  # fmt: skip
         if llama:
             best = max(llama, key=llama.get)
-            line += f"; ngram / llama-server's best ({best}, {llama[best]:.1f}) = {ours['ours ngram'] / llama[best]:.2f}x"  # fmt: skip
+            line += "".join(f"; {m} / llama-server's best ({best}, {llama[best]:.1f}) = {ours[f'ours {m}'] / llama[best]:.2f}x" for m in args.methods)  # fmt: skip
         print(line)
     print(f"greedy texts that differ with speculation: {out['mismatches']}")
     for name, cmd in out["llama"].items():
@@ -242,6 +257,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--streams", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4], help="stream levels, comma-separated (default 1,4)")  # fmt: skip
     p.add_argument("--rounds", type=int, default=2, help="alternating rounds per level (default 2)")  # fmt: skip
     p.add_argument("--max-tokens", type=int, default=192, help="most tokens per answer (default 192)")  # fmt: skip
+    p.add_argument("--methods", type=lambda s: s.split(","), default=["ngram"], help="speculative methods run beside none, comma-separated: ngram, draft (default ngram)")  # fmt: skip
+    p.add_argument("--draft", type=Path, default=None, help="draft model for --methods draft (default: the shipped SmolLM2 without its middle layers, --draft-layers kept; a real user would pick a smaller model of the target's family)")  # fmt: skip
+    p.add_argument("--draft-layers", type=int, default=28, help="layers the default draft keeps of SmolLM2's 30 (default 28)")  # fmt: skip
     p.add_argument("--num-tokens", type=int, default=5, help="speculative.num_tokens for ours (default 5)")  # fmt: skip
     p.add_argument("--max-model-len", type=int, default=1024, help="context per sequence (default 1024)")  # fmt: skip
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="threads for ours and llama-server (default: every core)")  # fmt: skip

@@ -83,12 +83,18 @@ def _engine_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--speculative",
-        choices=("none", "ngram"),
+        choices=("none", "ngram", "draft"),
         default="none",
         help="speculative decoding: ngram proposes the tokens that followed the latest earlier "
         "occurrence of the last 2-4 tokens (prompt lookup) and verifies them in one step; the "
-        "greedy text is unchanged, faster when the answer copies from the prompt "
-        "(default: %(default)s)",
+        "greedy text is unchanged, faster when the answer copies from the prompt; draft "
+        "proposes with --draft-model (default: %(default)s)",
+    )
+    p.add_argument(
+        "--draft-model",
+        default=None,
+        help="with --speculative draft: a small GGUF or HF model with the same tokenizer, "
+        "run beside the model on the same device",
     )
     p.add_argument(
         "--num-speculative-tokens",
@@ -138,7 +144,9 @@ def run(args: argparse.Namespace) -> int:
             quantize=quantize,
             op_mode=op_mode,
             nrc=env.nrc(),
-            speculative=SpecConfig(args.speculative, args.num_speculative_tokens),
+            speculative=SpecConfig(
+                args.speculative, args.num_speculative_tokens, draft_model=args.draft_model
+            ),
         )
         freeze_loaded_heap()
         tok = engine.tokenizer

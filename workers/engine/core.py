@@ -163,7 +163,11 @@ class EngineCore(SchedulerRequests):
         if self.runner.timing == "step":
             seconds = time.perf_counter() - started
         produced = self.stats.spec.decode_tokens - produced
-        self.stats.record(step.num_rows - decode_rows, decode_rows, max(seconds, 1e-6), produced)
+        # A draft model's steps ran while scheduling: the step's time includes them (what a
+        # stream waits), the speculation policy's row prices do not (it prices them itself).
+        drafter = self.scheduler.drafter
+        spent = seconds + (drafter.last_seconds if drafter is not None else 0.0)
+        self.stats.record(step.num_rows - decode_rows, decode_rows, max(spent, 1e-6), produced)
         self.scheduler.observe_step(step.num_rows - decode_rows, decode_rows, seconds)
         return outs
 

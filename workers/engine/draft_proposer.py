@@ -84,6 +84,7 @@ class DraftProposer:
         self.kv: dict[str, _DraftKV] = {}
         self.step_seconds = 0.0  # one batched draft step of one row per sequence (EMA)
         self.forwards = 0  # draft forwards run, for tests and stats
+        self.last_seconds = 0.0  # the last `propose` call's time (the engine's step time adds it)
 
     # ---- the scheduler's hooks ----------------------------------------------------------
 
@@ -96,6 +97,13 @@ class DraftProposer:
     def propose(self, wants: Seq[tuple[Sequence, int]]) -> list[tuple[list[int], Any]]:
         """For each (sequence, k): up to k drafted tokens and their q rows ([n, V] fp32, None
         for a greedy request, whose verification needs none)."""
+        started = time.perf_counter()
+        try:
+            return self._propose(wants)
+        finally:
+            self.last_seconds = time.perf_counter() - started
+
+    def _propose(self, wants: Seq[tuple[Sequence, int]]) -> list[tuple[list[int], Any]]:
         out: list[tuple[list[int], Any]] = [([], None) for _ in wants]
         live: list[tuple[int, Sequence, int, _DraftKV, _View]] = []
         for i, (seq, k) in enumerate(wants):

@@ -150,6 +150,25 @@ def test_greedy_with_a_draft_model_gives_the_plain_tokens(tiny_models, weak_draf
     _no_leaks(weak)
 
 
+def _check_drafts_against_a_fresh_draft(spec: Engine, fresh: Engine) -> None:
+    """Every batch of greedy drafts is checked against the draft model run alone from the
+    sequence's tokens (no kept KV): a draft KV that missed a rollback would differ."""
+    propose = spec.scheduler.drafter.propose
+    spec.checked = []  # type: ignore[attr-defined]
+
+    def checking(wants):
+        out = propose(wants)
+        for (seq, _), (draft, _) in zip(wants, out, strict=True):
+            if draft:
+                params = SamplingParams(max_tokens=len(draft), temperature=0, ignore_eos=True)
+                rid = f"ref{len(spec.checked)}"  # type: ignore[attr-defined]
+                ref = [o.token_id for o in fresh.generate(seq.all_ids, params, request_id=rid)]
+                spec.checked.append(ref == draft)  # type: ignore[attr-defined]
+        return out
+
+    spec.scheduler.drafter.propose = checking
+
+
 def test_several_streams_draft_in_one_batch_and_keep_their_tokens(tiny_models, weak_draft):
     folder, _ = tiny_models["llama"]
     greedy = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
@@ -158,6 +177,7 @@ def test_several_streams_draft_in_one_batch_and_keep_their_tokens(tiny_models, w
     plain = [[o.token_id for o in plain_engine.generate(p, greedy, f"p{i}")] for i, p in enumerate(prompts)]  # fmt: skip
     spec = _engine(folder, weak_draft, op_mode="fused")
     _flat_costs(spec)
+    _check_drafts_against_a_fresh_draft(spec, _engine(weak_draft, op_mode="fused"))
     got: dict[str, list[int]] = {f"s{i}": [] for i in range(len(prompts))}
     for i, p in enumerate(prompts):
         spec.add_request(f"s{i}", p, greedy)
@@ -166,6 +186,8 @@ def test_several_streams_draft_in_one_batch_and_keep_their_tokens(tiny_models, w
         for o in spec.step():
             got[o.request_id].append(o.token_id)
     assert list(got.values()) == plain
+    assert len(spec.checked) > 10 and all(spec.checked)  # the draft KV followed every rollback
+    assert 0 < spec.stats.spec.accepted < spec.stats.spec.proposed
     # k draft steps per engine step, batched over the streams (not one forward per stream)
     steps = spec.stats.spec.decode_chunks / len(prompts)
     assert spec.scheduler.drafter.forwards - forwards_before <= 4 * steps + 4
