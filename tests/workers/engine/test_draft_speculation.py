@@ -78,6 +78,45 @@ def test_the_farm_config_passes_the_draft_model_to_native_workers():
         config_from_dict({"speculative": {"method": "draft"}})
 
 
+def test_the_scheduler_batches_a_drafter_and_keeps_a_sampled_drafts_refused_token():
+    """A drafter is asked once per step for every speculating sequence; a grammar cuts a
+    greedy draft before its first refused token but keeps that token in a sampled draft
+    (the verifier must reject it with its q for the rule to stay exact), q cut alike; a
+    sequence that leaves releases its draft state."""
+    from syshax.workers.engine.scheduler import Scheduler
+
+    class Drafter:
+        def __init__(self):
+            self.calls, self.released = [], []
+
+        def propose(self, wants):
+            self.calls.append([(seq.request_id, k) for seq, k in wants])
+            greedy = lambda seq: seq.params.greedy  # noqa: E731
+            return [([1, 2, 3], None if greedy(seq) else torch.full((3, 8), 0.125)) for seq, _ in wants]  # fmt: skip
+
+        def release(self, seq):
+            self.released.append(seq.request_id)
+
+    class Matcher:  # allows one more token
+        def valid_prefix(self, tokens):
+            return min(1, len(tokens))
+
+    s = Scheduler(max_num_seqs=2, max_model_len=64, block_size=4, speculation=SpecConfig(method="draft", num_tokens=3, draft_model="d"))  # fmt: skip
+    s.drafter = Drafter()
+    for rid, temp in (("g", 0.0), ("s", 1.0)):
+        s.add(s.new_sequence(rid, [4, 5, 6], SamplingParams(temperature=temp, max_tokens=20)))
+    s.update(s.schedule(), [7, 7], [None, None])  # the prefills
+    for seq in s.sequences.values():
+        seq.constraint = Matcher()
+    step = s.schedule()
+    assert [c for c in s.drafter.calls if c] == [[("g", 3), ("s", 3)]]  # one batch
+    greedy, sampled = step.chunks
+    assert greedy.draft == [1] and greedy.draft_q is None
+    assert sampled.draft == [1, 2] and sampled.draft_q.shape == (2, 8)
+    s.abort("s")
+    assert s.drafter.released == ["s"]
+
+
 # ---- whole engines on tiny models ------------------------------------------------------------
 
 PROMPT = [5, 17, 99, 3, 250, 42, 7, 300, 11]
