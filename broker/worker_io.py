@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import redis
 
 from . import itl_tails
-from .connect import Subscriber, clustered, publish
+from .connect import Subscriber, clustered, one_write_pipelines, publish
 from .keys import DEVICE_CLASSES, KEYS, Keys
 from .liveness import HEARTBEAT_TTL, is_alive
 from .schemas import SchemaError, TokenEvent, entry_events, pack_events
@@ -231,6 +231,7 @@ class TokenPublisher:
     def __init__(self, r: redis.Redis, keys: Keys = KEYS, output_ttl: int = 600):
         self.r, self.keys, self.output_ttl = r, keys, output_ttl
         self.sharded = clustered(r)
+        one_write_pipelines(r)  # a step's pipeline reaches Redis in one piece
         self._ttl_set: dict[str, float] = {}  # request id -> monotonic time of its last EXPIRE
 
     def publish(self, events: list[TokenEvent], gateways: dict[str, str] | None = None) -> None:
