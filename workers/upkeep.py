@@ -116,11 +116,15 @@ class Upkeep:
         after it, it lands between the new stream's first token and its second. (A trace at
         one stream, workers/loop_trace.py: that gap carried the handoff's decision, this
         load beat and whatever came due during the prefill, 4-5x the loop time of any other
-        gap; a 0.4 s prefill is a fifth of the claim period.)"""
+        gap; a 0.4 s prefill is a fifth of the claim period.) While streams decode, what is
+        due waits up to half its period for such a step; a changed load is beaten as before."""
         due, opts, worker = self.due, self.opts, self.worker
+        # While streams decode, a timer waits up to half its period more for such a step (a
+        # heartbeat at most 1.5 s apart against a 10 s TTL; a claim round 1 s later).
+        slack = -0.5 if early else 0.5 if self.engine.num_running else 0.0
 
         def due_now(timer: str, period: float) -> bool:
-            return now >= due[timer] - (period / 2 if early else 0.0)
+            return now >= due[timer] + slack * period
 
         beat = due_now("heartbeat", opts.heartbeat_s)
         if not beat and worker.slots_held() != self.beaten_slots:

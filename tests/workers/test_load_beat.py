@@ -64,3 +64,25 @@ def test_before_a_prompt_only_step_the_timers_run_early(redis_url):
     assert claims == [1000.0, t], "due within half its period: run early"
     w.upkeep.on_timers(t + 1.0, early=True)
     assert len(claims) == 2, "and not again before its next period"
+
+
+def test_while_streams_decode_the_timers_wait_up_to_half_their_period(redis_url):
+    """Mid-stream a due timer waits (up to half its period) for a step no stream waits on;
+    with nothing running it runs when due."""
+    r = redis.Redis.from_url(redis_url)
+    opts = WorkerOptions(worker_id="cpu0", roles=frozenset({"decode"}), device_class="cpu", heartbeat_s=10.0, claim_s=4.0)  # fmt: skip
+    w = Worker(EchoEngine(max_num_seqs=4), redis.Redis.from_url(redis_url), opts, Dispatcher())
+    claims: list[float] = []
+    w.upkeep.claim = lambda: claims.append(t)
+    t = 1000.0
+    w.upkeep.on_timers(t)
+    w.engine.add_request("a", [5, 6, 7], SamplingParams(max_tokens=64))
+    w.engine.step()  # "a" decodes now
+    assert w.engine.num_running == 1
+    t = 1000.0 + opts.claim_s * 1.25  # due at 1004.0, now 1005.0
+    w.upkeep.on_timers(t)
+    assert claims == [1000.0], "mid-stream: waits for a step no stream waits on"
+    t = 1000.0 + opts.claim_s * 1.5
+    w.upkeep.on_timers(t)
+    assert claims == [1000.0, t], "but not past half its period"
+    assert r.exists(KEYS.worker("cpu0"))
