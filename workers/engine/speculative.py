@@ -32,6 +32,8 @@ target agrees with and adds the target's own next token, so a step yields 1 to k
 
 from __future__ import annotations
 
+import statistics
+from collections import deque
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +44,7 @@ METHODS = ("none", "ngram", "draft")
 DEFAULT_NUM_TOKENS = 5
 DEFAULT_MAX_STEP_ROWS = 16  # one tile of the fused step's GEMM
 EMA_WEIGHT = 0.3  # weight of the newest step in a sequence's acceptance average
+COST_WINDOW = 15  # steps of a row count whose median prices it
 RECOVERY = 0.05  # per step without drafts: how far the average moves back towards 1
 
 
@@ -85,7 +88,8 @@ class SpecPolicy:
 
     def __init__(self, config: SpecConfig) -> None:
         self.config = config.check()
-        self.costs: dict[int, float] = {}  # decode rows -> seconds of such a step (EMA)
+        self.costs: dict[int, float] = {}  # decode rows -> seconds of such a step (median)
+        self.cost_samples: dict[int, deque[float]] = {}  # decode rows -> its last steps' seconds
         self.classes = ngram_lookup.ClassAcceptance()  # n-gram drafts' acceptance per match class
         # A draft model's seconds per draft step (draft_proposer.py sets it): k drafts cost k.
         self.draft_seconds = 0.0
@@ -138,9 +142,12 @@ class SpecPolicy:
         return best_k(acceptance, top, num_decodes, cost)
 
     def observe_step(self, rows: int, seconds: float) -> None:
-        """A step of `rows` decode rows (no prompt rows) took `seconds`: the cost table."""
-        old = self.costs.get(rows)
-        self.costs[rows] = seconds if old is None else (1 - EMA_WEIGHT) * old + EMA_WEIGHT * seconds
+        """A step of `rows` decode rows (no prompt rows) took `seconds`: the cost table, the
+        median of each row count's last COST_WINDOW steps (an average let one step slowed by
+        another process price the drafts up or down for several steps after it)."""
+        window = self.cost_samples.setdefault(rows, deque(maxlen=COST_WINDOW))
+        window.append(seconds)
+        self.costs[rows] = statistics.median(window)
 
     def step_cost(self, rows: int) -> float:
         """The measured seconds of a decode step of `rows` rows; a size not measured yet costs

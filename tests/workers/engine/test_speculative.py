@@ -91,6 +91,17 @@ def test_k_follows_acceptance_and_the_measured_step_costs():
     assert [policy.draft_rows_each(n) for n in (1, 4, 8, 16)] == [15, 3, 1, 0]
 
 
+def test_a_step_slowed_by_another_process_does_not_reprice_the_rows():
+    policy = SpecPolicy(SpecConfig(method="ngram"))
+    for _ in range(5):
+        policy.observe_step(1, 0.08)
+    policy.observe_step(1, 1.5)  # a load spike
+    assert policy.step_cost(1) == 0.08
+    for _ in range(15):  # the machine got slower for good: the price follows
+        policy.observe_step(1, 0.2)
+    assert policy.step_cost(1) == 0.2
+
+
 def test_an_ngram_draft_is_priced_by_its_match_class_and_the_sequence():
     policy = SpecPolicy(SpecConfig(method="ngram", num_tokens=5))
     for rows, seconds in ((1, 0.08), (2, 0.08), (3, 0.16), (6, 0.16)):
