@@ -17,14 +17,17 @@ tokens; the target verifies them in one step of k+1 rows (spec_verify.py).
   (the request's temperature, top-k and top-p on the draft's logits), and q travels with the
   draft to the verifier, which accepts with min(1, p/q) and otherwise draws from
   norm(max(0, p - q)): the emitted tokens keep the target's distribution.
-* The draft's time per step is measured and priced into each sequence's k (SpecPolicy).
+* The draft's step time, as a share of the target's step of as many rows, is measured and
+  priced into each sequence's k (SpecPolicy.draft_ratio).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import statistics
 import time
+from collections import deque
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,7 +46,7 @@ from .sequence import Sequence
 log = logging.getLogger(__name__)
 
 DRAFT_SALT = 0x5DEECE66D  # the draft's draws use other generators than the verifier's
-EMA_WEIGHT = 0.3
+RATIO_SAMPLES = 32
 
 
 @dataclass
@@ -82,7 +85,9 @@ class DraftProposer:
         cache = runner.cache
         self.blocks = BlockManager(cache.num_blocks, cache.block_size, prefix_caching=False)
         self.kv: dict[str, _DraftKV] = {}
-        self.step_seconds = 0.0  # one batched draft step of one row per sequence (EMA)
+        # Recent batched draft steps, as shares of the target's step of as many rows: their
+        # median prices k (a share, not seconds: a load burst slows both models alike).
+        self.ratios: deque[float] = deque(maxlen=RATIO_SAMPLES)
         self.forwards = 0  # draft forwards run, for tests and stats
         self.last_seconds = 0.0  # the last `propose` call's time (the engine's step time adds it)
 
@@ -133,17 +138,21 @@ class DraftProposer:
                 live[n][4].all_ids.append(drafts[n][-1])
             started = time.perf_counter()
             logits = self._forward([(live[n][4], live[n][4].length - 1) for n in active])
-            seconds = time.perf_counter() - started
-            old = self.step_seconds
-            self.step_seconds = seconds if not old else (1 - EMA_WEIGHT) * old + EMA_WEIGHT * seconds  # fmt: skip
-            if self.policy is not None:
-                self.policy.draft_seconds = self.step_seconds
+            self._observe(time.perf_counter() - started, len(active))
         for n, (i, seq, k, state, _) in enumerate(live):
             state.cached, state.fed = seq.length, drafts[n][: k - 1]
             out[i] = (drafts[n], torch.stack(qs[n]) if qs[n] else None)
         return out
 
     # ---- internals ------------------------------------------------------------------------
+
+    def _observe(self, seconds: float, rows: int) -> None:
+        """A draft step of `rows` rows took `seconds`: the policy's draft share, updated."""
+        policy = self.policy
+        if policy is None or not policy.costs:  # no target decode step timed yet
+            return
+        self.ratios.append(seconds / policy.step_cost(rows))
+        policy.draft_ratio = statistics.median(self.ratios)
 
     def _synced(self, seq: Sequence) -> _DraftKV:
         """The sequence's draft state, its cached prefix moved past the fed drafts the target

@@ -91,8 +91,10 @@ class SpecPolicy:
         self.costs: dict[int, float] = {}  # decode rows -> seconds of such a step (median)
         self.cost_samples: dict[int, deque[float]] = {}  # decode rows -> its last steps' seconds
         self.classes = ngram_lookup.ClassAcceptance()  # n-gram drafts' acceptance per match class
-        # A draft model's seconds per draft step (draft_proposer.py sets it): k drafts cost k.
-        self.draft_seconds = 0.0
+        # A draft model's step as a share of the target's one-row-per-stream step, measured
+        # side by side (draft_proposer.py sets it; load slows both alike, so it does not go
+        # stale while the draft is priced out): k drafts cost k such shares.
+        self.draft_ratio = 0.0
 
     def draft_rows_each(self, num_decodes: int) -> int:
         """Draft rows each of `num_decodes` decoding streams may add this step (0: off)."""
@@ -133,11 +135,12 @@ class SpecPolicy:
         top = min(self.config.num_tokens, self.config.num_tokens if cap is None else cap)
         if acceptance is None or top < 1 or self.config.method == "ngram":
             return max(top, 0)  # n-gram drafts are priced per match, in `propose`
-        if not self.draft_seconds:
+        if not self.draft_ratio:
             return best_k(acceptance, top, num_decodes, self.step_cost)
+        draft_step = self.draft_ratio * self.step_cost(num_decodes)
 
         def cost(rows: int) -> float:  # the target's step plus k steps of the draft
-            return self.step_cost(rows) + self.draft_seconds * (rows // num_decodes - 1)
+            return self.step_cost(rows) + draft_step * (rows // num_decodes - 1)
 
         return best_k(acceptance, top, num_decodes, cost)
 

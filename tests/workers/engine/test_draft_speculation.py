@@ -66,6 +66,22 @@ def test_the_config_needs_a_draft_model_path():
     assert SpecConfig(method="draft", draft_model="x.gguf").check().method == "draft"
 
 
+def test_k_pays_for_the_draft_models_steps():
+    """Target rows priced flat: with a free draft k is at its most; a draft step of half a
+    target step leaves k=1 at acceptance 0.7 (1.7 tokens for 1.5 steps); one of two target
+    steps prices drafting out."""
+    from syshax.workers.engine.speculative import SpecPolicy
+
+    policy = SpecPolicy(SpecConfig(method="draft", num_tokens=5, draft_model="d"))
+    for rows in range(1, 7):
+        policy.observe_step(rows, 0.1)
+    assert policy.wanted(0.7) == 5
+    policy.draft_ratio = 0.5
+    assert policy.wanted(0.7) == 1
+    policy.draft_ratio = 2.0
+    assert policy.wanted(0.7) == 0
+
+
 def test_the_farm_config_passes_the_draft_model_to_native_workers():
     from syshax.shared.config import ConfigError, config_from_dict
     from syshax.workers.settings import WorkerOverrides, WorkerSettings
