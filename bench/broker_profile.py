@@ -151,6 +151,7 @@ def strace_round(pid: int, go) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("--root", default=None, help="another checkout to profile (a git worktree)")
+    p.add_argument("--hide", default="", help="packages --root runs without (as bench/broker.py --before-without; uvloop,httptools for the tree before issue 31)")  # fmt: skip
     p.add_argument("--streams", default="64,256")
     p.add_argument("--tokens", type=int, default=256)
     p.add_argument("--spread", type=float, default=1.0)
@@ -164,7 +165,8 @@ def main() -> None:
     shim = logdir / "shim"
     shim.mkdir()
     (shim / "sitecustomize.py").write_text(SITECUSTOMIZE.format(here=str(HERE)))
-    farm = Farm("profile", root, max(levels), logdir, args.step_delay).start(shim, "uvloop,httptools" if args.root else "")  # fmt: skip
+    farm = Farm("profile", root, max(levels), logdir, args.step_delay)
+    farm.start(shim, args.hide, uncap=bool(args.hide))
     r = redis.Redis.from_url(farm.redis.url)
     pid = farm.pids()["redis"]
     try:
