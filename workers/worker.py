@@ -30,6 +30,7 @@ from syshax.broker.kv_store import KVStore, KVStoreError
 from syshax.broker.schemas import TokenEvent
 from syshax.broker.worker_io import CancelWatcher, Entry, Heartbeat, TokenPublisher
 
+from .engine import kv_prefault
 from .engine.errors import KVIdentityError
 from .engine.outputs import StepOutput, TokenCadence
 from .engine.protocol import EngineProtocol
@@ -113,6 +114,7 @@ class Worker:
             if self.engine.num_running == 0:  # prompts only: no stream waits on this step
                 self.upkeep.on_timers(time.monotonic(), early=True)
                 self.handoff.look_ahead()
+                kv_prefault.ahead(self.engine)  # the next blocks' page faults, out of the steps
             self._step()
         else:
             self.cadence.idle()
