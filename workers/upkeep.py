@@ -52,6 +52,35 @@ def step_fields(stats: EngineStats, cadence: TokenCadence) -> dict[str, float]:
     }
 
 
+def load_fields(
+    e: EngineProtocol,
+    opts: WorkerOptions,
+    capacity: int,
+    backlog: int,
+    cadence: TokenCadence,
+    draining: bool,
+) -> dict[str, Any]:
+    """A worker's heartbeat fields: its load now (`capacity`: its decode slots; `backlog`:
+    decode jobs waiting for one)."""
+    return {
+        "roles": ",".join(sorted(opts.roles)),
+        "device": opts.device,
+        "device_class": opts.device_class,
+        "capacity": capacity,
+        "running": e.num_running,
+        "waiting": e.num_waiting + backlog,
+        "kv_blocks_held": e.kv_blocks[1] - e.kv_blocks[0],
+        "kv_blocks": e.kv_blocks[1],
+        "decode_tps": round(e.stats.recent_decode_tps, 2),
+        # Speculative decoding so far (0 when off): drafts accepted, tokens per decode step.
+        "spec_acceptance": round(e.stats.spec.acceptance_rate, 3),
+        "spec_tokens_per_step": round(e.stats.spec.tokens_per_step, 2),
+        **step_fields(e.stats, cadence),
+        "model": opts.served_model,
+        "draining": int(draining),
+    }
+
+
 def engine_name(engine: object) -> str:
     """The engine's kind as `--engine` names it (native, echo, emulated, vllm), for the
     heartbeat: the dashboard's Farm page shows which engine each worker runs."""

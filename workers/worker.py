@@ -40,7 +40,7 @@ from .handoff import Handoff
 from .intake import Intake
 from .metrics import WorkerMetrics
 from .streams import Streams
-from .upkeep import Upkeep, step_fields
+from .upkeep import Upkeep, load_fields
 from .worker_options import Job, WorkerOptions
 
 log = logging.getLogger(__name__)
@@ -171,24 +171,8 @@ class Worker:
         return e.num_running + e.num_waiting + len(self.backlog) + len(self.forks)
 
     def load_fields(self) -> dict:
-        e = self.engine
-        return {
-            "roles": ",".join(sorted(self.opts.roles)),
-            "device": self.opts.device,
-            "device_class": self.opts.device_class,
-            "capacity": self.decode_slots,
-            "running": e.num_running,
-            "waiting": e.num_waiting + len(self.backlog),
-            "kv_blocks_held": e.kv_blocks[1] - e.kv_blocks[0],
-            "kv_blocks": e.kv_blocks[1],
-            "decode_tps": round(e.stats.recent_decode_tps, 2),
-            # Speculative decoding so far (0 when off): drafts accepted, tokens per decode step.
-            "spec_acceptance": round(e.stats.spec.acceptance_rate, 3),
-            "spec_tokens_per_step": round(e.stats.spec.tokens_per_step, 2),
-            **step_fields(e.stats, self.cadence),
-            "model": self.opts.served_model,
-            "draining": int(self.draining),
-        }
+        """The heartbeat's fields: this worker's load now (upkeep.load_fields)."""
+        return load_fields(self.engine, self.opts, self.decode_slots, len(self.backlog), self.cadence, self.draining)  # fmt: skip
 
     def held_entries(self) -> set[str]:
         """The stream entries of the jobs this process holds."""
