@@ -15,8 +15,9 @@ from fastapi import Request
 from syshax.api.choices import Choice, completion_body, usage
 from syshax.api.errors import APIError, worker_error
 from syshax.api.prepare import Plan
-from syshax.broker.client import BrokerClient, TokenSubscription, queue_get
+from syshax.broker.client import BrokerClient
 from syshax.broker.schemas import TokenEvent
+from syshax.broker.subscription import TokenSubscription, queue_get
 from syshax.shared.tokenizer import Tokenizer
 
 from .errors import REDIS_DOWN
