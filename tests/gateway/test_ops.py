@@ -159,7 +159,7 @@ def test_health_keeps_the_broker_address_out_of_its_body(thread_farm, caplog):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     f = thread_farm(workers=None, redis_url=f"redis://127.0.0.1:{port}/0")
-    with caplog.at_level(logging.WARNING, logger="syshax.gateway.app"):
+    with caplog.at_level(logging.WARNING, logger="syshax.gateway.status"):
         for _ in range(3):
             r = httpx.get(f"{f.url}/health")
             assert r.status_code == 503 and r.headers["Retry-After"]
