@@ -125,6 +125,19 @@ def kernel_cache_dir() -> Path:
     return (Path(base) if base else Path.home() / ".cache") / "syshax" / "kernels"
 
 
+def loop_trace_dir() -> Path | None:
+    """SYSHAX_LOOP_TRACE: a folder where each worker writes a trace of its loop, one JSON line
+    per iteration (workers/loop_trace.py; a benchmark's, off when unset)."""
+    value = _raw("SYSHAX_LOOP_TRACE")
+    return Path(value).expanduser() if value else None
+
+
+def loop_trace_others() -> bool:
+    """SYSHAX_LOOP_TRACE_OTHERS=1: the loop trace also records the CPU the farm's other
+    processes take during each step."""
+    return _raw("SYSHAX_LOOP_TRACE_OTHERS") in ("1", "true", "yes")
+
+
 def state_dir() -> Path:
     """Where running farms publish their addresses (`shared/farm_file.py`): $XDG_STATE_HOME/
     syshax, default ~/.local/state/syshax."""
@@ -201,6 +214,8 @@ ENV_VARS: dict[str, Callable[[], Any]] = {
     "NRC": nrc,
     "SYSHAX_KERNEL_CACHE": kernel_cache_dir,
     "SYSHAX_KERNEL_MARCH": kernel_march,
+    "SYSHAX_LOOP_TRACE": loop_trace_dir,
+    "SYSHAX_LOOP_TRACE_OTHERS": loop_trace_others,
     "CC": c_compiler,
     "RQ_DASHBOARD_USERNAME": rq_dashboard_username,
     "RQ_DASHBOARD_PASSWORD": rq_dashboard_password,

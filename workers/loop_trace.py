@@ -28,7 +28,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-ENV = "SYSHAX_LOOP_TRACE"
+from syshax.shared import env
+
 FLUSH_EVERY = 4096  # records kept before a write (a write is a hiccup of its own)
 
 
@@ -134,11 +135,11 @@ class Others:
 
 def install(worker) -> LoopTrace | None:
     """Trace `worker` (workers/worker.py's Worker) when SYSHAX_LOOP_TRACE is set."""
-    folder = os.environ.get(ENV)
-    if not folder:
+    folder = env.loop_trace_dir()
+    if folder is None:
         return None
-    Path(folder).mkdir(parents=True, exist_ok=True)
-    trace = LoopTrace(Path(folder) / f"loop-{worker.opts.worker_id}-{os.getpid()}.jsonl")
+    folder.mkdir(parents=True, exist_ok=True)
+    trace = LoopTrace(folder / f"loop-{worker.opts.worker_id}-{os.getpid()}.jsonl")
     w, up = worker, worker.upkeep
     for name, phase in [
         ("_schedule", "schedule"),
@@ -177,7 +178,7 @@ def install(worker) -> LoopTrace | None:
             trace.cur["pt"] = time.monotonic()  # the step's tokens are out
 
     w._publish = _publish
-    if os.environ.get(ENV + "_OTHERS"):
+    if env.loop_trace_others():
         # The CPU the farm's other processes (this worker's parent and siblings: the bench
         # client, Redis, the gateway, other workers) take while the step runs: on shared cores
         # that is time a kernel thread waits for its core.
