@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from syshax.shared import env
 from syshax.shared.config import Config
 
-from .settings import cpu_threads
+from .farm_layout import cpu_threads
 
 
 @dataclass

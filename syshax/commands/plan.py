@@ -58,7 +58,7 @@ def _layouts(args, cfg, cores: int) -> list[tuple[int, int]]:
             out.append((int(w), int(t)))
         return out
     if args.cpu_step_ms:  # the CPU workers as the config runs them (at least one)
-        from syshax.workers.settings import cpu_threads
+        from syshax.workers.farm_layout import cpu_threads
 
         return [(cfg.cpu.workers or 1, cpu_threads(cfg))]
     return layouts_for(cores)

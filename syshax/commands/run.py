@@ -5,7 +5,7 @@ Starts an embedded Redis when no `redis.url` is configured, then the gateway, th
 workers, each as `syshax worker ...` / `syshax gateway ...` so one crash does not take the
 others down.
 
-The one-host layout (workers/settings.py `farm_layout`, the rule a bare `syshax worker`
+The one-host layout (workers/farm_layout.py `farm_layout`, the rule a bare `syshax worker`
 follows too): with an accelerator, the xPU worker prefills on it and one CPU
 decode worker takes the decodes the dispatcher sends to the CPU. With none, a second worker
 would only split the same cores into two halves that each read all the weights (measured in
@@ -47,14 +47,9 @@ from syshax.broker.keys import Keys
 from syshax.commands.renamed import with_old_names
 from syshax.commands.supervisor import Child, Supervisor
 from syshax.workers.checks import xpu_engine_problems
+from syshax.workers.farm_layout import every_core, farm_engines, farm_layout
 from syshax.workers.model_split import split_threads, weights_bytes
-from syshax.workers.settings import (
-    ENGINE_ALIASES,
-    ENGINES,
-    every_core,
-    farm_engines,
-    farm_layout,
-)
+from syshax.workers.settings import ENGINE_ALIASES, ENGINES
 
 log = logging.getLogger("syshax.run")
 
@@ -106,7 +101,7 @@ def engines(cfg, engine: str | None) -> tuple[str, str]:
 
 def layout(cfg, cpu_workers: int | None, xpu_engine: str | None = None) -> tuple[int, int | None]:
     """(CPU decode workers, --threads for the xPU worker or None for its own default), as
-    workers/settings.py's `farm_layout` decides; `xpu_engine` None = the config's."""
+    workers/farm_layout.py's `farm_layout` decides; `xpu_engine` None = the config's."""
     plan = farm_layout(cfg, xpu_engine, cpu_workers)
     return plan.cpu_workers, plan.xpu_threads
 

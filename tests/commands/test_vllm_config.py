@@ -223,9 +223,9 @@ def test_help_and_import_lightness(capsys):
     assert_loads_without(
         "from syshax.commands import worker, run, check_config\n"
         "from syshax.workers.vllm import setup as vllm_setup\n"
-        "from syshax.workers import checks, settings\n"
+        "from syshax.workers import checks, farm_layout\n"
         "from syshax.shared.config import Config\n"
         "vllm_setup.vllm_problems(Config()); vllm_setup.describe(Config())\n"
-        "settings.farm_layout(Config(), 'vllm'); checks.xpu_engine_problems(Config(), 'vllm')",
+        "farm_layout.farm_layout(Config(), 'vllm'); checks.xpu_engine_problems(Config(), 'vllm')",
         ("vllm", "torch"),
     )

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from syshax.shared.config import KEY_DOCS, Config, save_config, set_key
-from syshax.workers import settings
+from syshax.workers import settings, worker_defaults
 from syshax.workers.accelerator_profiles import BUILTIN_PROFILES
 from syshax.workers.build import build_engine
 from syshax.workers.settings import WorkerOverrides, WorkerSettings
@@ -105,11 +105,11 @@ def test_build_engine_makes_an_emulated_engine_with_the_workers_settings():
 def test_prompt_rows_while_decoding_defaults_to_a_cap_on_the_cpu_only():
     from syshax.shared.config_schema import DEFAULT_CPU_PROMPT_ROWS_WHILE_DECODING as CAP
 
-    assert settings.prompt_rows_while_decoding(Config(), "cpu") == CAP
-    assert settings.prompt_rows_while_decoding(Config(), "cuda") is None
+    assert worker_defaults.prompt_rows_while_decoding(Config(), "cpu") == CAP
+    assert worker_defaults.prompt_rows_while_decoding(Config(), "cuda") is None
     cfg = _cfg(prompt_rows_while_decoding="16")
-    assert settings.prompt_rows_while_decoding(cfg, "cpu") == 16
-    assert settings.prompt_rows_while_decoding(cfg, "cuda") == 16
+    assert worker_defaults.prompt_rows_while_decoding(cfg, "cpu") == 16
+    assert worker_defaults.prompt_rows_while_decoding(cfg, "cuda") == 16
 
 
 def test_a_bad_profile_or_class_exits_2_before_anything_starts(tmp_path: Path, caplog):

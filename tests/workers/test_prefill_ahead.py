@@ -97,7 +97,7 @@ def test_offloads_next_is_the_dispatchers_own_answer():
 
 def test_only_an_accelerator_in_an_offloading_farm_gets_a_handoff_slot():
     from syshax.shared.config import load_config
-    from syshax.workers.settings import handoff_slots
+    from syshax.workers.worker_defaults import handoff_slots
 
     cfg = load_config(None)
     both = frozenset({"prefill", "decode"})

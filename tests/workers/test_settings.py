@@ -9,18 +9,17 @@ import dataclasses
 import pytest
 from syshax.shared.config import Config, resolve_threads, set_key
 from syshax.shared.config_schema import DEFAULT_CPU_PROMPT_ROWS_WHILE_DECODING
-from syshax.workers import build, settings
+from syshax.workers import build
 from syshax.workers.build import build_engine
 from syshax.workers.echo_engine import EchoEngine, EchoRunner
 from syshax.workers.emulated_engine import EmulatedEngine, EmulatedRunner
+from syshax.workers.farm_layout import cpu_threads, every_core, farm_layout
 from syshax.workers.settings import (
     ENGINES,
     Priority,
     SettingsError,
     WorkerOverrides,
     WorkerSettings,
-    every_core,
-    farm_layout,
 )
 
 from syshax.commands import run
@@ -84,7 +83,7 @@ def test_cpu_workers_take_omp_num_threads_then_cpu_threads(monkeypatch):
     assert WorkerSettings.from_config(_cfg(cpu__threads="3"), CPU).threads == 3
     monkeypatch.setenv("OMP_NUM_THREADS", "5")
     assert WorkerSettings.from_config(_cfg(cpu__threads="3"), CPU).threads == 5
-    assert settings.cpu_threads(_cfg(cpu__threads="3")) == 5  # check-config's and plan's
+    assert cpu_threads(_cfg(cpu__threads="3")) == 5  # check-config's and plan's
     cpu = dataclasses.replace(CPU, threads=2)
     assert WorkerSettings.from_config(Config(), cpu).threads == 2, "--threads wins"
     monkeypatch.setenv("OMP_NUM_THREADS", "many")
