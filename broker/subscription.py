@@ -12,16 +12,30 @@ import asyncio
 import logging
 import sys
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from redis.exceptions import RedisError
 
 from .schemas import TokenEvent
 
-if TYPE_CHECKING:  # the client imports this module to make its subscriptions
-    from .client import BrokerClient
-
 log = logging.getLogger(__name__)
+
+
+class SubscriptionSource(Protocol):
+    """What a subscription needs of its `BrokerClient` (a protocol, so this module never
+    imports client.py, which imports it)."""
+
+    poll_interval: float
+
+    async def read_output(
+        self, request_id: str, after: str = "-"
+    ) -> list[tuple[str, TokenEvent]]: ...
+
+    async def follow_output(
+        self, request_id: str, after: str, block_s: float
+    ) -> list[tuple[str, TokenEvent]]: ...
+
+    def _release(self, sub: TokenSubscription) -> None: ...
 
 
 class TokenSubscription:
@@ -29,7 +43,7 @@ class TokenSubscription:
     after the event with `finish_reason` or `error`. Use `async with` or call `aclose()`."""
 
     def __init__(
-        self, client: BrokerClient, request_id: str, after_seq: int = -1, follow: bool = False
+        self, client: SubscriptionSource, request_id: str, after_seq: int = -1, follow: bool = False
     ) -> None:
         self.client = client
         self.request_id = request_id
