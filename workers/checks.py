@@ -1,7 +1,7 @@
 """What the workers will run with a config, and what keeps them from starting, said before
 anything starts: `syshax check-config` prints `check_workers`, `syshax run` refuses to start
 on `xpu_engine_problems` (a worker that cannot load its engine would only be restarted in a
-loop). The rules are the workers' own (settings.py, cpu/options.py, vllm/setup.py). Light:
+loop). The rules are the workers' own (settings.py, farm_layout.py, cpu/options.py, vllm/setup.py). Light:
 neither torch nor vLLM is imported."""
 
 from __future__ import annotations

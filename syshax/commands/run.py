@@ -95,7 +95,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def engines(cfg, engine: str | None) -> tuple[str, str]:
     """(the xPU worker's engine, the CPU workers' engine) for `--engine` (None = the config);
-    workers/settings.py decides (bench/serve.py lays out its farms through this name)."""
+    workers/farm_layout.py decides (bench/serve.py lays out its farms through this name)."""
     return farm_engines(cfg, engine)
 
 

@@ -26,7 +26,8 @@ ENGINE_HELP = (
     "`syshax convert` makes one; docs/vllm.md) (default: xpu.engine for the xPU class, native "
     "for the cpu class)"
 )
-# (flags, keywords) of each option; None defaults are decided by workers/settings.py.
+# (flags, keywords) of each option; None defaults are decided by workers/settings.py (the rules
+# in workers/worker_defaults.py).
 OPTIONS: list[tuple[tuple[str, ...], dict]] = [
     (("--config",), {"help": "config file (default: $SYSHAX_CONFIG or ~/.config/syshax/config.yaml)"}),
     (("--roles",), {"default": "prefill,decode", "help": "comma list of prefill, decode (default: %(default)s)"}),
