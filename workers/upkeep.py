@@ -140,9 +140,13 @@ class Upkeep:
 
         `early`: the worker is about to run a step in which no stream decodes (prompts only:
         at one stream, the prefill between one request's last token and the next one's
-        first). Whatever falls due within half its period runs now, and a changed load is
-        beaten at once: in that step's time it delays no token of a running stream, while
-        after it, it lands between the new stream's first token and its second. (A trace at
+        first). Whatever falls due within half its period runs now: in that step's time it
+        delays no token of a running stream, while after it, it lands between the new
+        stream's first token and its second. A changed load is NOT beaten early: that beat
+        would carry the prompts about to be prefilled, and the dispatcher deciding their
+        decode right after the step would read this worker as full and send every decode
+        away (tests/commands/test_farm_page.py caught an xPU worker idle beside a CPU decode
+        queue of 5). (A trace at
         one stream, workers/loop_trace.py: that gap carried the handoff's decision, this
         load beat and whatever came due during the prefill, 4-5x the loop time of any other
         gap; a 0.4 s prefill is a fifth of the claim period.) While streams decode, what is
@@ -157,7 +161,7 @@ class Upkeep:
 
         beat = due_now("heartbeat", opts.heartbeat_s)
         if not beat and worker.slots_held() != self.beaten_slots:
-            beat = early or now - due["heartbeat"] + opts.heartbeat_s >= LOAD_BEAT_S
+            beat = now - due["heartbeat"] + opts.heartbeat_s >= LOAD_BEAT_S
         if beat:
             due["heartbeat"] = now + opts.heartbeat_s
             self.beat()

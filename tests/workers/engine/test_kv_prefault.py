@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import mmap
 import resource
 from types import SimpleNamespace
 
@@ -14,9 +16,17 @@ def _faults() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
+def _fresh(shape: tuple[int, ...]) -> torch.Tensor:
+    """A float16 tensor on pages never touched: its own anonymous mapping. torch.empty may
+    reuse heap memory an earlier test already faulted in (in a full run it did: the
+    never-populated blocks then took 0 faults), and this test counts faults."""
+    buf = mmap.mmap(-1, math.prod(shape) * 2)
+    return torch.frombuffer(buf, dtype=torch.float16).view(shape)
+
+
 def _cache(blocks: int = 64) -> SimpleNamespace:
     shape = (4, blocks, 8, 16, 64)  # [layers, blocks, kv heads, block size, head dim]: 16 KiB
-    return SimpleNamespace(k=torch.empty(shape, dtype=torch.float16), v=torch.empty(shape, dtype=torch.float16))  # fmt: skip
+    return SimpleNamespace(k=_fresh(shape), v=_fresh(shape))
 
 
 def test_populated_blocks_are_written_without_faults_and_keep_their_contents():
