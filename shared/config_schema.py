@@ -65,10 +65,12 @@ class ConfigError(ValueError):
 # took ITL p99 to 113 / 149 ms for 6-9% fewer tok/s.
 DEFAULT_CPU_PROMPT_ROWS_WHILE_DECODING = 64
 # The farm's prompt_stretch on a CPU engine when the config leaves it null: a step that
-# decodes may run twice its decodes' own time with prompt rows (about 7 rows beside 4 streams
-# of the 1B shape on 2 cores, about 20 beside 16), so a stream's worst gap is about twice its
-# usual one at any load (docs/engine.md, docs/benchmarks.md 2026-12-06).
-DEFAULT_CPU_PROMPT_STRETCH = 2.0
+# decodes may run 2.5x its decodes' own time with prompt rows (about 10 rows beside 4 streams
+# of the 1B shape on 2 cores, about 30 beside 16), so a stream's worst gap is about 2.5x its
+# usual one at any load. A sweep against llama-server (docs/benchmarks.md, 2026-12-06 14:05):
+# 2.0 left 16-stream tok/s at 1.41-1.53x llama-server's with ITL p99 at half its; 3.0 gave
+# +15% tok/s with ITL p99 at its level; 2.5 sits between (1.53-1.62x, p99 97-112 vs 127 ms).
+DEFAULT_CPU_PROMPT_STRETCH = 2.5
 
 
 class Config(_Section):
@@ -119,7 +121,7 @@ class Config(_Section):
         None,
         ge=1.0,
         allow_inf_nan=False,
-        description="how much longer than its decodes alone an engine step that also decodes may run with prompt rows, by the engine's measured step times: few rows beside a few streams, more beside many (at least 4, at most prompt_rows_while_decoding); null = 2.0 on a CPU engine, no time rule (the cap alone) on an accelerator",
+        description="how much longer than its decodes alone an engine step that also decodes may run with prompt rows, by the engine's measured step times: few rows beside a few streams, more beside many (at least 4, at most prompt_rows_while_decoding); null = 2.5 on a CPU engine, no time rule (the cap alone) on an accelerator",
     )
     request_timeout: int = Field(
         600, ge=1, description="seconds a request may take, end to end, before it is cancelled"
