@@ -16,6 +16,7 @@ from __future__ import annotations
 import ctypes
 import itertools
 import logging
+import weakref
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -26,6 +27,9 @@ AHEAD_BLOCKS = 32  # two 1B-shape streams of 256 positions; 16 MiB of K and V at
 
 _libc: Any = None
 _supported = True
+# The blocks of each cache already made resident: anonymous memory stays resident (no swap
+# here), so a block is populated once, not before every prompt-only step.
+_resident: weakref.WeakKeyDictionary[Any, set[int]] = weakref.WeakKeyDictionary()
 
 
 def _madvise() -> Any:
@@ -73,4 +77,9 @@ def ahead(engine: Any, count: int = AHEAD_BLOCKS) -> int:
     blocks = getattr(getattr(engine, "scheduler", None), "blocks", None)
     if cache is None or blocks is None:
         return 0
-    return populate(cache, list(itertools.islice(blocks.free, count)))
+    done = _resident.setdefault(cache, set())
+    todo = [b for b in itertools.islice(blocks.free, count) if b not in done]
+    calls = populate(cache, todo)
+    if calls:
+        done.update(todo)
+    return calls

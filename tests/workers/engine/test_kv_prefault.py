@@ -24,9 +24,16 @@ def _fresh(shape: tuple[int, ...]) -> torch.Tensor:
     return torch.frombuffer(buf, dtype=torch.float16).view(shape)
 
 
-def _cache(blocks: int = 64) -> SimpleNamespace:
+class _Cache(SimpleNamespace):
+    """kv_cache.KVCache's k and v; hashed by identity like KVCache (kv_prefault keeps a weak
+    map from each cache to its resident blocks)."""
+
+    __hash__ = object.__hash__
+
+
+def _cache(blocks: int = 64) -> _Cache:
     shape = (4, blocks, 8, 16, 64)  # [layers, blocks, kv heads, block size, head dim]: 16 KiB
-    return SimpleNamespace(k=_fresh(shape), v=_fresh(shape))
+    return _Cache(k=_fresh(shape), v=_fresh(shape))
 
 
 def test_populated_blocks_are_written_without_faults_and_keep_their_contents():
@@ -50,4 +57,6 @@ def test_ahead_populates_the_head_of_the_free_list_and_ignores_other_engines():
     cache, blocks = _cache(), BlockManager(64, 16)
     engine = SimpleNamespace(runner=SimpleNamespace(cache=cache), scheduler=SimpleNamespace(blocks=blocks))  # fmt: skip
     assert kv_prefault.ahead(engine, count=8) == 2 * 4  # blocks 0-7: one run per layer and tensor
+    assert kv_prefault.ahead(engine, count=8) == 0  # already resident: not again
+    assert kv_prefault.ahead(engine, count=12) == 2 * 4  # only blocks 8-11 are new
     assert kv_prefault.ahead(SimpleNamespace(), count=8) == 0  # echo, emulated, vLLM engines
