@@ -140,17 +140,16 @@ class Upkeep:
 
         `early`: the worker is about to run a step in which no stream decodes (prompts only:
         at one stream, the prefill between one request's last token and the next one's
-        first). Whatever falls due within half its period runs now: in that step's time it
-        delays no token of a running stream, while after it, it lands between the new
-        stream's first token and its second. A changed load is NOT beaten early: that beat
+        first). A claim round or KV sweep due within half its period runs now: in that step's
+        time it delays no token of a running stream, while after it, it lands between the new
+        stream's first token and its second (a loop trace at one stream, workers/loop_trace.py:
+        that gap carried the handoff's decision, a load beat and whatever came due during the
+        prefill, 4-5x the loop time of any other gap). The heartbeat is never early: that beat
         would carry the prompts about to be prefilled, and the dispatcher deciding their
         decode right after the step would read this worker as full and send every decode
         away (tests/commands/test_farm_page.py caught an xPU worker idle beside a CPU decode
-        queue of 5). (A trace at
-        one stream, workers/loop_trace.py: that gap carried the handoff's decision, this
-        load beat and whatever came due during the prefill, 4-5x the loop time of any other
-        gap; a 0.4 s prefill is a fifth of the claim period.) While streams decode, what is
-        due waits up to half its period for such a step; a changed load is beaten as before."""
+        queue of 5). While streams decode, what is due waits up to half its period for such a
+        step; a changed load is beaten as before."""
         due, opts, worker = self.due, self.opts, self.worker
         # While streams decode, a timer waits up to half its period more for such a step (a
         # heartbeat at most 1.5 s apart against a 10 s TTL; a claim round 1 s later).
@@ -159,7 +158,9 @@ class Upkeep:
         def due_now(timer: str, period: float) -> bool:
             return now >= due[timer] + slack * period
 
-        beat = due_now("heartbeat", opts.heartbeat_s)
+        # The heartbeat is never early: before a prompt-only step it would carry the prompts
+        # about to be prefilled (see above); it is one round trip, the claim round eleven.
+        beat = now >= due["heartbeat"] + max(slack, 0.0) * opts.heartbeat_s
         if not beat and worker.slots_held() != self.beaten_slots:
             beat = now - due["heartbeat"] + opts.heartbeat_s >= LOAD_BEAT_S
         if beat:
