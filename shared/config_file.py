@@ -80,6 +80,18 @@ def load_config(path: str | Path | None = None) -> Config:
             f"{where(k)}: {m if m.startswith('unknown') else f'{k}: {m}'}" for k, m in problems
         )
         raise ConfigError(msg, problems)
+    return relative_to_file(cfg, file)
+
+
+def relative_to_file(cfg: Config, file: Path) -> Config:
+    """`cfg` with the file paths it gives relative made absolute against the config file's
+    folder (`speculative.draft_model`): a path in a file means the same file whatever the
+    directory a command runs from, and a farm's workers read a copy of the config written in
+    their work folder. Absolute and `~` paths stay as they are."""
+    draft = cfg.speculative.draft_model
+    if draft and not Path(draft).expanduser().is_absolute():
+        folder = file.expanduser().absolute().parent
+        cfg.speculative.draft_model = os.path.normpath(folder / draft)
     return cfg
 
 

@@ -5,6 +5,7 @@ config.py.
 
 from __future__ import annotations
 
+from pathlib import Path
 from urllib.parse import urlsplit
 
 from .config_check import check
@@ -60,9 +61,20 @@ def model_problem(cfg: Config) -> str | None:
     return None
 
 
+def draft_model_problem(cfg: Config) -> str | None:
+    """Why speculative.draft_model (method draft) names no file or folder, or None."""
+    spec = cfg.speculative
+    if spec.method != "draft" or not isinstance(spec.draft_model, str) or not spec.draft_model:
+        return None
+    path = Path(spec.draft_model).expanduser()
+    if not path.exists():
+        return f"speculative.draft_model: no such file or folder: {path}"
+    return None
+
+
 def validate(cfg: Config) -> list[str]:
-    """Every problem found in cfg (empty = fine): bad values, port collisions, a model that
-    does not resolve, a bad Redis URL."""
+    """Every problem found in cfg (empty = fine): bad values, port collisions, a model or
+    draft model that does not resolve, a bad Redis URL."""
     problems = [f"{key}: {msg}" for key, msg in check(raw_values(cfg))[1]]
     endpoints = [("gateway.port", cfg.gateway.host, cfg.gateway.port)]
     endpoints.append(("xpu.port", cfg.xpu.host, cfg.xpu.port))
@@ -91,6 +103,9 @@ def validate(cfg: Config) -> list[str]:
         problem = model_problem(cfg)
         if problem:
             problems.append(problem)
+    problem = draft_model_problem(cfg)
+    if problem:
+        problems.append(problem)
     if isinstance(cfg.redis.url, str) and cfg.redis.url.strip():
         problem = redis_url_problem(cfg.redis.url)
         if problem:

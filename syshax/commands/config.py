@@ -99,7 +99,8 @@ def run(args: argparse.Namespace) -> int:
             print(format_value(get_key(cfg, args.key)))
             return 0
         value = args.value
-        if args.key == "model" and value != "default" and Path(value).expanduser().exists():
+        paths = ("model", "speculative.draft_model")
+        if args.key in paths and value != "default" and Path(value).expanduser().exists():
             value = str(Path(value).expanduser().resolve())  # works from any directory later
         new = set_key(cfg, args.key, value)
     except ConfigError as exc:

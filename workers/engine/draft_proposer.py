@@ -30,6 +30,7 @@ import time
 from collections import deque
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -219,7 +220,14 @@ def load_drafter(
     device, kernels and KV dtype), checked to share the target's vocabulary, with a KV cache
     of as many blocks as the target's. Raises EngineError."""
     spec = opts.speculative
-    path = resolve_model_path(spec.draft_model)
+    given = Path(spec.draft_model).expanduser()
+    if not given.exists():
+        raise EngineError(
+            f"speculative.draft_model: no such file or folder: {given.absolute()} (a draft "
+            "model is a .gguf file or an HF model folder; a relative path in a config file is "
+            "relative to the file's folder)"
+        )
+    path = resolve_model_path(given)
     draft_config = read_model_config(path)
     check_same_vocab(target, tokenizer, path, draft_config)
     if draft_config.position_limit < target.max_model_len:
