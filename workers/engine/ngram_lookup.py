@@ -6,17 +6,21 @@ earlier, and among the earlier occurrences of that suffix the one to copy from: 
 (llama.cpp's ngram-simple, the old proposer here) unless the continuations disagree, when the
 one most of them share wins (llama.cpp's ngram-map counts continuations the same way). Token
 ids are searched as 4-byte words with bytes.find/rfind (C speed, no index to keep up to date:
-a sequence's ids change every step, and a step's lookups cost microseconds at 1-2k tokens).
+a sequence's ids change every step, and a step's lookups cost microseconds at 1-2k tokens);
+a sequence keeps its words in a `Haystack`, appended to as it generates.
 """
 
 from __future__ import annotations
 
+import struct
 from array import array
 from collections import Counter
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
+from typing import Any
 
 WIDTH = array("I").itemsize
+_UINT = struct.Struct("=I")  # one word of the array's native layout
 MAX_OCCURRENCES = 32  # occurrences of the matched suffix whose continuations are counted
 
 
@@ -46,10 +50,14 @@ def longest_match(ids: Seq[int], min_n: int, max_n: int) -> Match | None:
     """The longest suffix of `ids` (min_n..max_n tokens) seen earlier, and where to copy from;
     None when not even min_n tokens recur. Among the occurrences of that suffix, the latest
     whose next token is the most common next token of them all."""
-    size = len(ids)
+    return match_in(array("I", ids).tobytes(), min_n, max_n)
+
+
+def match_in(hay: bytes | bytearray, min_n: int, max_n: int) -> Match | None:
+    """`longest_match` of the ids whose 4-byte words are `hay` (a `Haystack`'s buffer)."""
+    size = len(hay) // WIDTH
     if size < min_n + 1:
         return None
-    hay = array("I", ids).tobytes()
     limit = len(hay) - WIDTH  # an occurrence must end before the last token
 
     def occurs(n: int) -> bool:
@@ -66,12 +74,16 @@ def longest_match(ids: Seq[int], min_n: int, max_n: int) -> Match | None:
         lo, hi = (mid, hi) if occurs(mid) else (lo, mid - 1)
     n = lo
     best = _occurrences(hay, hay[-n * WIDTH :], limit, MAX_OCCURRENCES)
-    nexts = [ids[at + n] for at in best]  # every occurrence ends before the last token
+    nexts = [_word(hay, at + n) for at in best]  # every occurrence ends before the last token
     counts = Counter(nexts)
     token, agree = counts.most_common(1)[0]
     if agree == counts[nexts[0]]:  # the latest is among the most common: keep it
         return Match(best[0] + n, n, agree, len(best))
     return Match(best[nexts.index(token)] + n, n, agree, len(best))
+
+
+def _word(hay: bytes | bytearray, index: int) -> int:
+    return _UINT.unpack_from(hay, index * WIDTH)[0]
 
 
 def propose(ids: Seq[int], k: int, min_n: int, max_n: int) -> tuple[list[int], Match | None]:
@@ -82,6 +94,66 @@ def propose(ids: Seq[int], k: int, min_n: int, max_n: int) -> tuple[list[int], M
     if m is None:
         return [], None
     return list(ids[m.follow : m.follow + k]), m
+
+
+def propose_in(hay: Haystack, k: int, min_n: int, max_n: int) -> tuple[list[int], Match | None]:
+    """`propose` over a sequence's `Haystack` (kept up to date by its caller)."""
+    if k < 1:
+        return [], None
+    m = match_in(hay.buf, min_n, max_n)
+    if m is None:
+        return [], None
+    return hay[m.follow : m.follow + k], m
+
+
+class Haystack:
+    """A sequence's ids as the 4-byte words the lookup searches, kept by appending the ids
+    generated since the last lookup instead of rebuilding them all every step (at 2k tokens
+    the rebuild, list concatenation plus array, was most of a lookup's time).
+
+    `sync(prompt_ids, output_ids)` brings it up to date. The engine's ids only grow: drafts
+    the target rejects never enter them, a preempted sequence keeps its ids (it recomputes
+    their KV). Anything else rebuilds or cuts it: other lists (a sequence rebuilt: a handoff,
+    a test), a prompt of another length, fewer ids than held (cut to them), or a last held id
+    that is not the ids' id at that position any more (rebuilt)."""
+
+    __slots__ = ("buf", "lists", "prompt_len", "rebuilds", "size")
+
+    def __init__(self) -> None:
+        self.buf = bytearray()
+        self.lists: tuple[Any, Any] | None = None  # the prompt and output lists it mirrors
+        self.prompt_len = 0
+        self.size = 0  # ids held
+        self.rebuilds = 0  # full rebuilds, for tests
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, at: slice) -> list[int]:
+        start, stop, _ = at.indices(self.size)
+        return array("I", self.buf[start * WIDTH : max(start, stop) * WIDTH]).tolist()
+
+    def sync(self, prompt_ids: list[int], output_ids: list[int]) -> Haystack:
+        p, size = len(prompt_ids), len(prompt_ids) + len(output_ids)
+        same = (
+            self.lists is not None
+            and self.lists[0] is prompt_ids
+            and self.lists[1] is output_ids
+            and self.prompt_len == p
+        )
+        if same and size < self.size:  # ids were cut (a rollback): so is the copy
+            del self.buf[size * WIDTH :]
+            self.size = size
+        held = self.size
+        if not same or (held > p and _word(self.buf, held - 1) != output_ids[held - 1 - p]):
+            self.buf = bytearray(array("I", prompt_ids).tobytes())
+            self.lists, self.prompt_len, self.size = (prompt_ids, output_ids), p, p
+            self.rebuilds += 1
+            held = p
+        if size > held:
+            self.buf += array("I", output_ids[held - p :])
+            self.size = size
+        return self
 
 
 def match_class(m: Match) -> int:

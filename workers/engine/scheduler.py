@@ -310,7 +310,7 @@ class Scheduler:
             proposals = self.drafter.propose([(c.seq, k) for c, k in wants])
         else:
             n = len(decodes)
-            proposals = [(self.spec.propose(c.seq.all_ids, k, c.seq, n), None) for c, k in wants]
+            proposals = [(self.spec.propose(None, k, c.seq, n), None) for c, k in wants]
         for (chunk, _), (draft, q) in zip(wants, proposals, strict=True):
             seq = chunk.seq
             if draft and seq.constraint is not None:  # stop at the first refused token

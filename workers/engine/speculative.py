@@ -102,19 +102,30 @@ class SpecPolicy:
             return 0
         return max(0, (self.config.max_step_rows - num_decodes) // num_decodes)
 
-    def propose(self, ids: Seq[int], k: int, seq: Any = None, num_decodes: int = 1) -> list[int]:
+    def propose(
+        self, ids: Seq[int] | None, k: int, seq: Any = None, num_decodes: int = 1
+    ) -> list[int]:
         """At most `k` n-gram drafts for a sequence whose ids are `ids`: copied from after the
         longest earlier occurrence of its last tokens (ngram_lookup.py), as many as pay by
         the measured step costs at the acceptance of the match's class, averaged with the
         sequence's own record (`seq.acceptance`). `seq` (a Sequence) also carries the last
-        draft, settled here against the ids that followed it into the class's record."""
+        draft, settled here against the ids that followed it into the class's record, and its
+        ids as searched (`seq.ngram_hay`, appended to each step: `ids` is not read then)."""
         c = self.config
+        if seq is not None:
+            if seq.ngram_hay is None:
+                seq.ngram_hay = ngram_lookup.Haystack()
+            ids = seq.ngram_hay.sync(seq.prompt_ids, seq.output_ids)
+        assert ids is not None
         if seq is not None and seq.ngram_draft is not None:
             settled = seq.ngram_draft.accepted(ids)
             if settled is not None:
                 self.classes.add(seq.ngram_draft.cls, *settled)
             seq.ngram_draft = None
-        draft, match = ngram_lookup.propose(ids, k, c.ngram_min, c.ngram_max)
+        if isinstance(ids, ngram_lookup.Haystack):
+            draft, match = ngram_lookup.propose_in(ids, k, c.ngram_min, c.ngram_max)
+        else:
+            draft, match = ngram_lookup.propose(ids, k, c.ngram_min, c.ngram_max)
         if match is None:
             return []
         cls = ngram_lookup.match_class(match)
