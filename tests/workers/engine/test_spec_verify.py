@@ -101,7 +101,8 @@ def _oracle(engine: Engine, expected: list[int]) -> None:
     """Propose the plain run's own continuation with every third token wrong: drafts are
     accepted in part and rejected in part (a random model repeats nothing for n-grams)."""
 
-    def propose(ids, k, *_):  # the scheduler also passes the sequence and stream count
+    def propose(ids, k, seq=None, *_):  # the scheduler passes the sequence (ids: None)
+        ids = seq.all_ids if seq is not None else ids
         if ids != expected[: len(ids)]:
             return []
         draft = expected[len(ids) : len(ids) + k]
