@@ -1,11 +1,12 @@
 """The gateway's side of the broker (redis.asyncio): submit jobs, receive tokens, cancel.
 
-Token delivery is pub/sub (fast, lossy) backed by the per-request output stream (authoritative),
-see `schemas.py` for the wire format. Each `BrokerClient` is one gateway with an id of its own:
-its jobs carry the id, and the workers publish each engine step's events of all its requests as
-one message on its one channel (sharded pub/sub on a Redis Cluster). One reader task decodes
-them and routes each event to its request's `TokenSubscription` (broker/subscription.py), which
-puts them in order and fills gaps from the output stream (`read_output` / `follow_output` here).
+Each `BrokerClient` is one gateway with an id of its own: its jobs carry the id, and the
+workers write each engine step's events of all its requests as one entry of its own stream
+(broker/token_log.py). One reader task follows that stream with a blocking XREAD and routes
+each event to its request's `TokenSubscription` (broker/subscription.py), which puts them in
+order; a request's record (its output stream) and, for the newest events, the stream of the
+gateway that submitted it serve a resume or a follower (`read_output`, `read_gateway`,
+`follow_gateway` here).
 
 The Redis client must be created with `decode_responses=False` (messages are msgpack bytes).
 """
@@ -22,19 +23,20 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError, ResponseError
 
-from . import itl_tails
+from . import itl_tails, token_log
 from .amqp_jobs import job_streams
-from .connect import AsyncSubscriber, clustered
+from .connect import clustered
 from .job_transport import AsyncJobs
 from .keys import KEYS, Keys
 from .liveness import is_alive
 from .request_info import RequestInfo
-from .schemas import KVHandle, PrefillJob, SchemaError, TokenEvent, entry_events, unpack_events
+from .schemas import KVHandle, PrefillJob, SchemaError, TokenEvent, entry_events
 from .subscription import TokenSubscription
 
 log = logging.getLogger(__name__)
 
-SUBSCRIBE_WAIT = 2.0  # most seconds submit() waits for a SUBSCRIBE confirmation
+READ_BLOCK_MS = 1000  # the reader's XREAD waits this long for an entry, then asks again
+READ_COUNT = 256  # most entries (worker steps) one XREAD returns
 
 
 def _text(value: Any) -> str:
@@ -57,26 +59,18 @@ class BrokerClient:
         self.output_ttl = output_ttl
         self.poll_interval = poll_interval
         self.gateway_id = uuid.uuid4().hex[:16]
-        self.channel = keys.gateway_channel(self.gateway_id)
-        self._pubsub: AsyncSubscriber | None = None
+        self.stream = keys.gateway_stream(self.gateway_id)
+        self._cursor = "0-0"  # our stream's entry id read up to (a new id: it starts empty)
         self._reader: asyncio.Task[None] | None = None
         self._routes: dict[str, set[TokenSubscription]] = {}  # request id -> live subscriptions
-        self._ready: asyncio.Event | None = None  # set once our channel's SUBSCRIBE is confirmed
-        self._tasks: set[asyncio.Task[Any]] = set()
         self._closed = False
         self._memory: tuple[float, float | None] = (0.0, None)  # (read at, memory_use)
 
     # ---- jobs and cancellation -------------------------------------------------------------
     async def submit(self, job: PrefillJob) -> None:
-        """Queue a prefill job addressed to this gateway's channel. If the request has a
-        subscription, wait (briefly) until Redis confirmed the channel's, so no token is
-        published before we listen."""
+        """Queue a prefill job addressed to this gateway's stream (subscribe first: the reader
+        routes an event only to the subscriptions that exist when it reads it)."""
         job.gateway = self.gateway_id
-        ready = self._ready
-        if ready is not None and any(cid in self._routes for cid in job.choice_ids()):
-            with contextlib.suppress(asyncio.TimeoutError):
-                # The stream covers anything pub/sub misses, so never wait forever.
-                await asyncio.wait_for(ready.wait(), SUBSCRIBE_WAIT)
         if self.jobs is not None:
             await self.jobs.submit(self.keys.prefill_stream, job.pack())
             return
@@ -185,7 +179,7 @@ class BrokerClient:
         return bool(await self.redis.exists(self.keys.output_stream(request_id)))
 
     async def read_output(self, request_id: str, after: str = "-") -> list[tuple[str, TokenEvent]]:
-        """(stream id, event) of the output stream after stream id `after` ("-" = all);
+        """(entry id, event) of a request's record after entry id `after` ("-" = all);
         undecodable entries are logged and skipped."""
         start = "-" if after == "-" else _next_id(after)
         entries = await self.redis.xrange(self.keys.output_stream(request_id), min=start)
@@ -202,43 +196,54 @@ class BrokerClient:
         entries = [e for _, rows in reply or [] for e in rows]
         return _events(request_id, entries)
 
+    async def read_gateway(self, gateway: str, start: str) -> list[tuple[str, list[TokenEvent]]]:
+        """(entry id, events) of a gateway's stream from entry id `start` on."""
+        rows = await self.redis.xrange(self.keys.gateway_stream(gateway), min=start)
+        return _entries(gateway, rows)
+
+    async def follow_gateway(
+        self, gateway: str, after: str, block_s: float
+    ) -> list[tuple[str, list[TokenEvent]]]:
+        """(entry id, events) of a gateway's stream after entry id `after`, waiting up to
+        `block_s` for one: how a resume follows a request another gateway submitted."""
+        stream = self.keys.gateway_stream(gateway)
+        block = max(1, int(block_s * 1000))
+        reply = await self.redis.xread({stream: after}, count=READ_COUNT, block=block)
+        return _entries(gateway, [e for _, rows in reply or [] for e in rows])
+
+    async def request_events(self, request_id: str, origin: str) -> list[TokenEvent]:
+        """Every event of a request so far: its record, then its newest events from the stream
+        of the gateway that submitted it (`origin`; "" = the record only)."""
+        events = [ev for _, ev in await self.read_output(request_id)]
+        last = await self.redis.xrevrange(self.keys.output_stream(request_id), count=1)
+        if origin and last:
+            rows = await self.read_gateway(origin, token_log.scan_start(_text(last[0][0])))
+            tail = [ev for _, evs in rows for ev in evs if ev.request_id == request_id]
+            by_seq = {ev.seq: ev for ev in tail}
+            by_seq.update({ev.seq: ev for ev in events})
+            events = [by_seq[k] for k in sorted(by_seq)]
+        return events
+
     # ---- token delivery ----------------------------------------------------------------------
     @property
     def sharded(self) -> bool:
         return clustered(self.redis)
 
     def subscribe(
-        self, request_id: str, after_seq: int = -1, follow: bool = False
+        self, request_id: str, after_seq: int = -1, follow: bool = False, origin: str = ""
     ) -> TokenSubscription:
-        """Listen for the tokens of `request_id` with seq > after_seq. The gateway's channel is
-        subscribed at the first call (in a task); `submit()` waits for its confirmation.
-        `follow`: the request may be another gateway's (a resume): read its output stream with
-        a blocking XREAD rather than wait for this gateway's channel."""
-        sub = TokenSubscription(self, request_id, after_seq, follow)
+        """Listen for the tokens of `request_id` with seq > after_seq; the reader of this
+        gateway's stream starts at the first call. `origin`: the gateway that submitted the
+        request, when a resume is served here ("" = this one); `follow`: it may be another's,
+        so its events are read from that one's stream, not waited for on ours."""
+        if not follow or origin == self.gateway_id:  # ours: our reader gets every event
+            origin, follow = self.gateway_id, False
+        # origin "" with follow: a record of unknown origin, followed with a blocking XREAD
+        sub = TokenSubscription(self, request_id, after_seq, follow, origin)
         self._routes.setdefault(request_id, set()).add(sub)
-        if self._ready is None:
-            self._ready = asyncio.Event()
-            self._spawn(self._subscribe())
-        return sub
-
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _subscribe(self) -> None:
-        assert self._ready is not None
-        try:
-            self._pubsub = AsyncSubscriber(self.redis)
-            await self._pubsub.subscribe(self.channel)
+        if self._reader is None:
             self._reader = asyncio.get_running_loop().create_task(self._read_loop())
-        except (RedisError, OSError) as exc:
-            # Pub/sub is only the fast path: the subscriptions poll the streams meanwhile, and
-            # the reader subscribes again when it reconnects.
-            log.warning("SUBSCRIBE %s failed (falling back to polling): %s", self.channel, exc)
-            self._ready.set()
-            if self._pubsub is not None and self._reader is None:
-                self._reader = asyncio.get_running_loop().create_task(self._read_loop())
+        return sub
 
     def _release(self, sub: TokenSubscription) -> None:
         routes = self._routes.get(sub.request_id)
@@ -250,39 +255,35 @@ class BrokerClient:
 
     async def _read_loop(self) -> None:
         backoff = 0.0
-        assert self._pubsub is not None
+        stream = self.stream
         while not self._closed:
             try:
-                # reconnects (and re-subscribes the channel) when the connection was lost
-                msg = await self._pubsub.message(timeout=1.0)
+                reply = await self.redis.xread(
+                    {stream: self._cursor}, count=READ_COUNT, block=READ_BLOCK_MS
+                )
                 backoff = 0.0
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # nothing may stop delivery for every request
                 if isinstance(exc, (RedisError, OSError)):
                     if not backoff:
-                        log.warning("pub/sub connection lost (%s); polling until it is back", exc)
-                    if self._ready is not None:
-                        self._ready.clear()  # submit() waits for the re-SUBSCRIBE
+                        log.warning("reading %s failed (%s); retrying", stream, exc)
                 else:
-                    log.exception("pub/sub reader")
+                    log.exception("gateway stream reader")
                 backoff = min(0.5, max(0.05, backoff * 2))
-                await asyncio.sleep(backoff)
+                await asyncio.sleep(backoff)  # then on from the same entry: nothing is lost
                 continue
-            if not msg:
-                continue
-            kind = msg.get("type")
-            if kind in ("message", "smessage"):
-                self._route(msg["data"])
-            elif kind in ("subscribe", "ssubscribe") and self._ready is not None:
-                self._ready.set()
+            for _, rows in reply or ():
+                for entry_id, fields in rows:
+                    self._cursor = entry_id
+                    self._route(fields)
 
-    def _route(self, data: bytes) -> None:
-        """One step's events of this gateway's requests, each to its request's subscriptions."""
+    def _route(self, fields: dict) -> None:
+        """One worker step's events of this gateway's requests, each to its subscriptions."""
         try:
-            events = unpack_events(data)
+            events = entry_events(fields)
         except SchemaError as exc:
-            log.warning("gateway channel: dropping a message: %s", exc)
+            log.warning("gateway stream: dropping an entry: %s", exc)
             return
         routes = self._routes
         for event in events:
@@ -295,11 +296,6 @@ class BrokerClient:
             self._reader.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._reader
-        for task in list(self._tasks):
-            task.cancel()
-        if self._pubsub is not None:
-            with contextlib.suppress(RedisError, OSError):
-                await self._pubsub.aclose()
         if self.jobs is not None:
             await self.jobs.aclose()
 
@@ -312,6 +308,17 @@ def _events(request_id: str, entries: list | None) -> list[tuple[str, TokenEvent
             out += [(_text(entry_id), ev) for ev in entry_events(fields)]
         except SchemaError as exc:
             log.warning("output stream %s: skipping entry %s: %s", request_id, entry_id, exc)
+    return out
+
+
+def _entries(gateway: str, rows: list | None) -> list[tuple[str, list[TokenEvent]]]:
+    """(entry id, events) of gateway-stream entries; undecodable entries logged and skipped."""
+    out = []
+    for entry_id, fields in rows or []:
+        try:
+            out.append((_text(entry_id), entry_events(fields)))
+        except SchemaError as exc:
+            log.warning("gateway stream %s: skipping entry %s: %s", gateway, entry_id, exc)
     return out
 
 

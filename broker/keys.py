@@ -10,7 +10,7 @@ each command or MULTI that touches several keys stays in one slot:
     and the handoff's MULTI (ack the prefill entry + add the decode job) need one slot;
   * a request's keys (output stream, resume record, cancel flag, KV owner set):
     `{<request id>}`, so requests spread over every shard;
-  * a worker's heartbeat hash: `{<worker id>}`; a gateway's token channel: `{<gateway id>}`;
+  * a worker's heartbeat hash: `{<worker id>}`; a gateway's token stream: `{<gateway id>}`;
   * a KV lease and its bytes: `{<handle id>}`.
 On a single Redis the tags are only part of the names.
 """
@@ -96,13 +96,15 @@ class Keys:
     decode_group: str = "workers"
 
     # ---- token delivery ----
-    def gateway_channel(self, gateway_id: str) -> str:
-        """Pub/sub channel of one gateway: a worker publishes each engine step's events of
-        every request that gateway submitted as one message (the job carries `gateway`)."""
-        return f"{self.prefix}:gateway:{{{gateway_id}}}"
+    def gateway_stream(self, gateway_id: str) -> str:
+        """Stream of one gateway: each engine step's events of every request it submitted, as
+        one entry per worker step (the job carries `gateway`); the gateway reads it with a
+        blocking XREAD (broker/token_log.py)."""
+        return f"{self.prefix}:gateway:{{{gateway_id}}}:out"
 
     def output_stream(self, request_id: str) -> str:
-        """Capped, expiring stream: the authoritative output of one request (gap fill, resume)."""
+        """Expiring stream: the record of one request's output (resume, followers, batch
+        readers), written at its first event, every token_log.CHECKPOINT_S and its end."""
         return f"{self.prefix}:out:{{{request_id}}}"
 
     def request_info(self, request_id: str) -> str:

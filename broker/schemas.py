@@ -3,13 +3,14 @@
 Wire format (names from `keys.py`):
 
 * prefill stream, decode streams: `XADD stream * j <Job.pack()>`; read with XREADGROUP.
-* token delivery, per engine step, in one pipeline: per request one
-  `XADD out:{rid} * e <TokenEvent.pack()>` (`b <pack_events(...)>` when the step
-  made several events of it; read entries with `entry_events`), its `EXPIRE out:{rid}
-  output_ttl` on its first and last event (and every output_ttl/4 between), then per gateway
-  one `PUBLISH gateway:{gid} <pack_events(...)>` with the step's events of every request that
-  gateway submitted (the job's `gateway`). The streams are written first, so a subscriber
-  that sees a gap can always fill it from a stream.
+* token delivery, per engine step, in one pipeline (broker/token_log.py): per gateway one
+  `XADD gateway:{gid}:out MINID ~ <60 s ago> * b <pack_events(...)>` with the step's events of
+  every request that gateway submitted (the job's `gateway`), read by that gateway with XREAD;
+  per request, at its first event, every CHECKPOINT_S and its end, one `XADD out:{rid} * e
+  <TokenEvent.pack()>` (`b <pack_events(...)>` with several; read entries with
+  `entry_events`) holding every event since its last, its error events in an entry of their
+  own, and its `EXPIRE out:{rid} output_ttl` on the first and last. A request without a
+  gateway (a batch job) has every step written to its `out:{rid}`.
 * cancellation: `SET cancelled:{rid} 1 EX ttl` then `PUBLISH cancel <rid>`.
 
 Every message is a msgpack map with a version field `v` first, then its fields by name (a
@@ -178,9 +179,9 @@ class TokenEvent(Message, omit_defaults=True):
     request has `finish_reason` set; an error event has `error` set and ends the request.
 
     On the wire a field at its default is left out (a reader fills it back in), except `v`,
-    always first: an event is written to Redis twice per token (its output stream and its
-    gateway's channel), and a usual token's event shrinks from 167 to 122 bytes, which is
-    Redis CPU per token (bench/broker.py). Readers of the full form read this one too.
+    always first: an event is written to Redis twice (its gateway's stream and its request's
+    record), and a usual token's event shrinks from 167 to 122 bytes, which is Redis CPU per
+    token (bench/broker.py). Readers of the full form read this one too.
     """
 
     request_id: str = ""

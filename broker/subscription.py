@@ -1,9 +1,12 @@
 """One request's token events on the gateway, in `seq` order and each exactly once.
 
-A `TokenSubscription` is made by `BrokerClient.subscribe` (broker/client.py), whose pub/sub
-reader puts the events of its request on its queue. Duplicates are dropped, and a gap (or
-silence for the client's `poll_interval`) is filled from the output stream with XRANGE; a
-resumed request (`follow`) reads its output stream with a blocking XREAD instead.
+A `TokenSubscription` is made by `BrokerClient.subscribe` (broker/client.py), whose reader of
+the gateway's stream puts the events of its request on its queue. Duplicates are dropped, and a
+gap (or silence for the client's `poll_interval`) is filled from the request's record. A
+subscription made after its request began (a resume) reads, once, the newest events from the
+stream of the gateway that submitted it (`origin`; the record lags up to
+token_log.CHECKPOINT_S); one that `follow`s a request of another gateway keeps reading that
+gateway's stream with a blocking XREAD (broker/token_log.py).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import Any, Protocol
 
 from redis.exceptions import RedisError
 
+from . import token_log
 from .schemas import TokenEvent
 
 log = logging.getLogger(__name__)
@@ -35,6 +39,14 @@ class SubscriptionSource(Protocol):
         self, request_id: str, after: str, block_s: float
     ) -> list[tuple[str, TokenEvent]]: ...
 
+    async def read_gateway(
+        self, gateway: str, start: str
+    ) -> list[tuple[str, list[TokenEvent]]]: ...
+
+    async def follow_gateway(
+        self, gateway: str, after: str, block_s: float
+    ) -> list[tuple[str, list[TokenEvent]]]: ...
+
     def _release(self, sub: TokenSubscription) -> None: ...
 
 
@@ -43,17 +55,27 @@ class TokenSubscription:
     after the event with `finish_reason` or `error`. Use `async with` or call `aclose()`."""
 
     def __init__(
-        self, client: SubscriptionSource, request_id: str, after_seq: int = -1, follow: bool = False
+        self,
+        client: SubscriptionSource,
+        request_id: str,
+        after_seq: int = -1,
+        follow: bool = False,
+        origin: str = "",
     ) -> None:
         self.client = client
         self.request_id = request_id
+        self.origin = origin  # the id of the gateway whose stream gets the request's events
         self.next_seq = after_seq + 1
         self.done = False
         self.follow = follow  # wait on the output stream (XREAD BLOCK), not on pub/sub
         self.last_event_at = 0.0  # time.monotonic() of the newest event yielded
         self._queue: asyncio.Queue[TokenEvent] = asyncio.Queue()
         self._buffer: dict[int, TokenEvent] = {}  # received ahead of next_seq
-        self._cursor = "-"  # output-stream id read up to
+        self._cursor = "-"  # record (output stream) id read up to
+        self._origin_cursor = ""  # origin gateway stream id read up to ("" = not read yet)
+        # Events before this subscription began went out on the origin's stream unrouted:
+        # read them from there once (a follower keeps reading it).
+        self._scan_origin = bool(origin) and (follow or after_seq >= 0)
         self._backfill_first = after_seq >= 0
         self._quiet_since: float | None = None  # loop time of the last message or backfill
 
@@ -81,21 +103,49 @@ class TokenSubscription:
         self._buffer.setdefault(event.seq, event)
 
     async def backfill(self, block_s: float = 0.0) -> bool:
-        """Read what the output stream has beyond the last entry read; `block_s` > 0: wait up
-        to that long for one."""
+        """Read what the record has beyond the last entry read, then (a resume) the origin
+        gateway's stream; `block_s` > 0: wait up to that long for something new."""
         self._quiet_since = asyncio.get_running_loop().time()
         try:
-            if block_s > 0:
+            if self._scan_origin and self._cursor != "-":
+                await self._read_record()
+                await self._read_origin(block_s)
+            elif block_s > 0:
                 entries = await self.client.follow_output(self.request_id, self._cursor, block_s)
+                self._take_record(entries)
             else:
-                entries = await self.client.read_output(self.request_id, self._cursor)
+                await self._read_record()
         except (RedisError, OSError) as exc:
             log.warning("backfill of %s failed (will retry): %s", self.request_id, exc)
             return False
+        return True
+
+    async def _read_record(self) -> None:
+        self._take_record(await self.client.read_output(self.request_id, self._cursor))
+
+    def _take_record(self, entries: list[tuple[str, TokenEvent]]) -> None:
         for entry_id, event in entries:
             self._cursor = entry_id
             self._take(event)
-        return True
+
+    async def _read_origin(self, block_s: float) -> None:
+        """The request's events in its origin gateway's stream: from a little before its
+        record's end at first, then on from there (blocking, for a follower)."""
+        if not self._origin_cursor:
+            rows = await self.client.read_gateway(self.origin, token_log.scan_start(self._cursor))
+        elif block_s > 0:
+            rows = await self.client.follow_gateway(self.origin, self._origin_cursor, block_s)
+        else:
+            return  # a resume of our own request: the reader routes everything after the scan
+        for entry_id, events in rows:
+            self._origin_cursor = entry_id
+            for event in events:
+                if event.request_id == self.request_id:
+                    self._take(event)
+        if not self._origin_cursor:
+            self._origin_cursor = token_log.scan_start(self._cursor)
+        if not self.follow:
+            self._scan_origin = False
 
     async def __anext__(self) -> TokenEvent:
         event = await self.get()

@@ -20,10 +20,9 @@ from dataclasses import dataclass
 import redis
 
 from . import itl_tails
-from .connect import Subscriber, clustered, one_write_pipelines, publish
+from .connect import Subscriber
 from .keys import DEVICE_CLASSES, KEYS, Keys
 from .liveness import HEARTBEAT_TTL, is_alive
-from .schemas import SchemaError, TokenEvent, entry_events, pack_events
 
 log = logging.getLogger(__name__)
 # A claim skips entries delivered (or claimed) less than this long ago: two live workers that
@@ -218,79 +217,6 @@ class WorkQueues:
                 if data is None:  # deleted entry: nothing to run
                     self.ack(claimed.pop())
         return claimed
-
-
-class TokenPublisher:
-    """Writes an engine step's token events: the output streams first (authoritative), then
-    pub/sub (fast), in one pipeline without MULTI (its keys are in many slots).
-
-    Per step: one XADD per request (all of its events of the step), one PUBLISH per gateway
-    (the events of every request it submitted), and an output stream's EXPIRE only on its first
-    and last event and every output_ttl/4 between (so a long generation never outlives it)."""
-
-    def __init__(self, r: redis.Redis, keys: Keys = KEYS, output_ttl: int = 600):
-        self.r, self.keys, self.output_ttl = r, keys, output_ttl
-        self.sharded = clustered(r)
-        one_write_pipelines(r)  # a step's pipeline reaches Redis in one piece
-        self._ttl_set: dict[str, float] = {}  # request id -> monotonic time of its last EXPIRE
-
-    def publish(self, events: list[TokenEvent], gateways: dict[str, str] | None = None) -> None:
-        """`gateways`: request id -> the id of the gateway that submitted it (from its job);
-        a request without one (a batch job, read from its stream) is not published."""
-        if not events:
-            return
-        by_request: dict[str, list[bytes]] = {}
-        ended: set[str] = set()
-        for ev in events:
-            by_request.setdefault(ev.request_id, []).append(ev.pack())
-            if ev.finish_reason is not None or ev.error is not None:
-                ended.add(ev.request_id)
-        by_channel: dict[str, list[bytes]] = {}
-        gateways = gateways or {}
-        now = time.monotonic()
-        pipe = self.r.pipeline(transaction=False)
-        for rid, packed in by_request.items():
-            out = self.keys.output_stream(rid)
-            fields = {"e": packed[0]} if len(packed) == 1 else {"b": pack_events(packed)}
-            # No MAXLEN: a request's events are bounded by its max_tokens, and the stream
-            # expires; the trim check's arguments cost Redis ~10% of an XADD (bench/broker.py).
-            pipe.xadd(out, fields)
-            if self._ttl_due(rid, now, rid in ended):
-                pipe.expire(out, self.output_ttl)
-            gateway = gateways.get(rid)
-            if gateway:
-                by_channel.setdefault(self.keys.gateway_channel(gateway), []).extend(packed)
-        for channel, packed in by_channel.items():
-            publish(pipe, channel, pack_events(packed), self.sharded)
-        pipe.execute()
-
-    def _ttl_due(self, request_id: str, now: float, ended: bool) -> bool:
-        last = self._ttl_set.get(request_id)
-        if ended:
-            self._ttl_set.pop(request_id, None)
-            return True
-        if last is not None and now - last < self.output_ttl / 4:
-            return False
-        self._ttl_set[request_id] = now
-        if len(self._ttl_set) > 4096:  # requests cancelled or moved away never sent a last event
-            old = [r for r, t in self._ttl_set.items() if now - t > self.output_ttl]
-            for r in old:
-                del self._ttl_set[r]
-        return True
-
-    def delivered(self, request_id: str) -> list[TokenEvent]:
-        """Every event already delivered for a request (to resume it after a crash)."""
-        rows = self.r.xrange(self.keys.output_stream(request_id))
-        events = {}
-        for entry_id, fields in rows:
-            try:
-                got = entry_events(fields)
-            except SchemaError as exc:
-                log.warning("output of %s: skipping entry %s: %s", request_id, entry_id, exc)
-                continue
-            for ev in got:
-                events.setdefault(ev.seq, ev)
-        return [events[s] for s in sorted(events)]
 
 
 class CancelWatcher:

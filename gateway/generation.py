@@ -53,6 +53,7 @@ class Generation:
         after: list[int] | None = None,
         tool_format: str = "",
         follow: bool = False,
+        origin: str = "",
     ) -> None:
         self.broker, self.metrics = broker, metrics
         self.kind, self.request_id, self.model, self.created = kind, request_id, model, created
@@ -67,7 +68,7 @@ class Generation:
             for i, (jid, s) in enumerate(zip(job_ids, after, strict=True))
         ]
         self.subs: list[TokenSubscription] = [
-            broker.subscribe(jid, after_seq=s, follow=follow)
+            broker.subscribe(jid, after_seq=s, follow=follow, origin=origin)
             for jid, s in zip(job_ids, after, strict=True)
         ]
         self._queue: asyncio.Queue[tuple[int, TokenEvent | BaseException | None]] = asyncio.Queue()

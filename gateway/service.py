@@ -156,7 +156,9 @@ class Gateway:
         gen = Generation.for_plan(broker, self.metrics, plan)
         try:
             ttl = int(self.settings.request_timeout + self.settings.output_ttl)
-            await broker.requests.save(plan.request_id, plan.info(), ttl)
+            # `gateway`: whose stream gets its tokens, for a resume served by another gateway
+            info = {**plan.info(), "gateway": broker.gateway_id}
+            await broker.requests.save(plan.request_id, info, ttl)
             await broker.submit(plan.job())
         except BaseException:
             gen.close()
@@ -271,13 +273,15 @@ class Gateway:
             include_usage=bool(info["include_usage"]),
             tool_format=str(info.get("tool_format") or ""),
             after=after,
-            follow=True,  # maybe another gateway's request: its channel gets the tokens
+            follow=True,  # maybe another gateway's request: its stream gets the tokens
+            origin=str(info.get("gateway") or ""),
         )
         gen.first_token_at, gen.finished = 0.0, True  # the first request recorded the metrics
         try:
             for c in gen.choices:  # what was already sent counts in usage
                 if c.last_seq >= 0:
-                    gen.replay(c.index, [ev for _, ev in await self.broker.read_output(c.job_id)])
+                    events = await self.broker.request_events(c.job_id, gen.subs[c.index].origin)
+                    gen.replay(c.index, events)
         except BaseException:
             gen.close()
             raise

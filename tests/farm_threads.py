@@ -29,7 +29,8 @@ from syshax.broker.embedded import free_port
 from syshax.broker.farm_io import queue_jobs
 from syshax.broker.keys import KEYS, Keys
 from syshax.broker.schemas import PrefillJob, SchemaError, TokenEvent
-from syshax.broker.worker_io import CancelWatcher, TokenPublisher, WorkQueues
+from syshax.broker.token_publisher import TokenPublisher
+from syshax.broker.worker_io import CancelWatcher, WorkQueues
 from syshax.shared.detokenizer import IncrementalDetokenizer
 from syshax.shared.sampling import SamplingParams
 from syshax.shared.tokenizer import Tokenizer
@@ -69,6 +70,7 @@ class EchoWorker:
         self.delay, self.drop_every = delay, drop_publish_every
         self.queues = WorkQueues(self.r, [keys.prefill_stream], "echo", keys)
         self.publisher = TokenPublisher(self.r, keys)
+        self._publishing = threading.Lock()  # a worker's publisher serves one thread
         self.cancels = CancelWatcher(self.r, keys)
         self.outputs: dict[str, Output] = {}
         self._stop = threading.Event()
@@ -119,7 +121,8 @@ class EchoWorker:
         dropped = self.drop_every and event.seq % self.drop_every == self.drop_every - 1
         # a request without a gateway is written to its output stream only (not published)
         gateways = {event.request_id: gateway} if gateway and not dropped else {}
-        self.publisher.publish([event], gateways)
+        with self._publishing:
+            self.publisher.publish([event], gateways)
 
     def _run(self, job: PrefillJob) -> None:
         params = SamplingParams.from_dict(job.params)

@@ -21,7 +21,8 @@ from syshax.broker import choices
 from syshax.broker.keys import Keys
 from syshax.broker.kv_store import KVStore
 from syshax.broker.schemas import DecodeJob, PrefillJob, RequestPart, SchemaError, check_types
-from syshax.broker.worker_io import CancelWatcher, Entry, TokenPublisher, WorkQueues
+from syshax.broker.token_publisher import TokenPublisher
+from syshax.broker.worker_io import CancelWatcher, Entry, WorkQueues
 from syshax.shared.sampling import SamplingError, SamplingParams
 
 from .worker_options import Claim, Job
@@ -121,7 +122,7 @@ class Intake:
     def _resume(self, job: Job) -> bool:
         """A job taken over from a dead worker: the tokens it delivered are its start; False
         when it had delivered its last event already."""
-        delivered = self.publisher.delivered(job.request_id)
+        delivered = self.publisher.delivered(job.request_id, job.msg.gateway)
         if delivered and (delivered[-1].finish_reason or delivered[-1].error):
             return False
         job.output_ids = [ev.token_id for ev in delivered]

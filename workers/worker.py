@@ -28,7 +28,8 @@ from syshax.broker.dispatcher import Dispatcher
 from syshax.broker.keys import KEYS, Keys
 from syshax.broker.kv_store import KVStore, KVStoreError
 from syshax.broker.schemas import TokenEvent
-from syshax.broker.worker_io import CancelWatcher, Entry, Heartbeat, TokenPublisher
+from syshax.broker.token_publisher import TokenPublisher
+from syshax.broker.worker_io import CancelWatcher, Entry, Heartbeat
 
 from .engine import kv_prefault
 from .engine.errors import KVIdentityError
@@ -118,6 +119,7 @@ class Worker:
             self._step()
         else:
             self.cadence.idle()
+        self.publisher.flush_due()  # records of requests that made no token lately
         self.upkeep.on_timers(time.monotonic())
 
     def _schedule(self) -> None:
@@ -388,6 +390,7 @@ class Worker:
         end = time.monotonic() + timeout
         while (self.jobs or self.engine.has_unfinished()) and time.monotonic() < end:
             self.iterate()
+        self.publisher.flush_all()  # whoever takes a request over reads its whole record
         requeued: set[str] = set()
         for job in list(self.jobs.values()):
             # Requeue unchanged (once per entry: the choices of a prefill job share it):

@@ -17,7 +17,7 @@ from syshax.broker.job_transport import WorkerJobs, open_dead_letters
 from syshax.broker.keys import Keys
 from syshax.broker.kv_store import KVStore
 from syshax.broker.schemas import DecodeJob, PrefillJob, TokenEvent
-from syshax.broker.worker_io import TokenPublisher
+from syshax.broker.token_publisher import TokenPublisher
 
 from syshax.cli import main
 

@@ -1,5 +1,6 @@
-"""BrokerClient / TokenSubscription: lossless, exactly-once, in-order token delivery over lossy
-pub/sub, against fakeredis and a real Redis server."""
+"""BrokerClient / TokenSubscription: exactly-once, in-order token delivery from the gateway's
+stream and the requests' records (even with entries lost, duplicated or reordered), against
+fakeredis and a real Redis server."""
 
 from __future__ import annotations
 
@@ -40,15 +41,16 @@ def ev(rid: str, seq: int, last: int) -> TokenEvent:
     )
 
 
-async def write(r, client: BrokerClient, event: TokenEvent, publish=True, stream=True):
-    """What a worker writes for one event: its output stream's entry, and a message on the
-    channel of the gateway (`client`) that submitted the request."""
+async def write(r, client: BrokerClient, event: TokenEvent, publish=True, stream=True, to=""):
+    """What a worker writes for one event: its record's entry (output stream), and an entry
+    of the stream of the gateway that submitted the request (`client`'s, or gateway `to`)."""
     data, keys = event.pack(), client.keys
     if stream:
         await r.xadd(keys.output_stream(event.request_id), {"e": data})
         await r.expire(keys.output_stream(event.request_id), 60)
     if publish:
-        await r.publish(client.channel, pack_events([data]))
+        gateway = keys.gateway_stream(to) if to else client.stream
+        await r.xadd(gateway, {"b": pack_events([data])})
 
 
 async def collect(sub) -> list[TokenEvent]:
@@ -62,13 +64,13 @@ def test_lossy_duplicated_reordered_delivery_is_exact(backend):
         rng = random.Random(7)
         rids = [f"req-{i}" for i in range(6)]
         subs = [client.subscribe(rid) for rid in rids]
-        for rid in rids:  # waits for each SUBSCRIBE confirmation
+        for rid in rids:
             await client.submit(PrefillJob(request_id=rid))
         tasks = [asyncio.create_task(collect(s)) for s in subs]
         n = 40
         for rid in rids:
             events = [ev(rid, s, n - 1) for s in range(n)]
-            # The authoritative stream gets everything, in order, before any publish.
+            # The record gets everything, in order, first; the gateway's stream loses some.
             for e in events:
                 await write(r, client, e, publish=False)
             published = [e for e in events if rng.random() > 0.2]  # ~20% dropped
@@ -106,7 +108,7 @@ def test_dropped_final_event_is_found_by_polling(backend):
 
 
 def test_live_events_arrive_without_polling(backend):
-    """Pub/sub is the fast path: with a huge poll interval, delivery still completes."""
+    """The gateway's stream is the fast path: with a huge poll interval, delivery completes."""
 
     async def main():
         r, keys = backend(), Keys(prefix=f"t{uuid.uuid4().hex[:6]}")
@@ -215,37 +217,62 @@ def test_queue_depth_cancel_and_workers(backend):
     run(main())
 
 
-def test_one_channel_per_gateway_carries_every_request(redis_url):
-    """30 requests of one gateway: one SUBSCRIBE (its channel, on one connection), and one
-    message with events of several requests reaches each of them."""
+def test_one_stream_per_gateway_carries_every_request(redis_url):
+    """30 requests of one gateway: no pub/sub at all, one reader of its stream, and one entry
+    with events of several requests (a worker's step) reaches each of them."""
 
     async def main():
-        r, keys = aioredis.Redis.from_url(redis_url), Keys(prefix="one")
-        client = BrokerClient(r, keys, poll_interval=60)  # only pub/sub delivers in time
+        r, keys = aioredis.Redis.from_url(redis_url), Keys(prefix=f"one{uuid.uuid4().hex[:6]}")
+        client = BrokerClient(r, keys, poll_interval=60)  # only the stream delivers in time
         rids = [f"m{i}" for i in range(30)]
         subs = [client.subscribe(rid) for rid in rids]
         for rid in rids:
             job = PrefillJob(request_id=rid)
             await client.submit(job)
             assert job.gateway == client.gateway_id
-        assert dict(await r.pubsub_numsub(client.channel)) == {client.channel.encode(): 1}
-        clients = await r.client_list()
-        assert sum(1 for c in clients if int(c.get("sub", 0)) > 0) == 1
+        assert client.stream == keys.gateway_stream(client.gateway_id)
         tasks = [asyncio.create_task(collect(s)) for s in subs]
-        for seq in range(3):  # one message per "step", every request in it
-            await r.publish(client.channel, pack_events([ev(rid, seq, 2).pack() for rid in rids]))
+        for seq in range(3):  # one entry per "step", every request in it
+            await r.xadd(client.stream, {"b": pack_events([ev(i, seq, 2).pack() for i in rids])})
         got = await asyncio.wait_for(asyncio.gather(*tasks), 5)
         assert all([e.seq for e in g] == [0, 1, 2] for g in got)
         assert not client._routes  # finished subscriptions are forgotten
+        clients = await r.client_list()
+        assert not any(int(c.get("sub", 0)) or int(c.get("ssub", 0)) for c in clients)
         await client.aclose()
         await r.aclose()
 
     run(main())
 
 
-def test_followed_subscription_reads_the_stream_without_pubsub(backend):
-    """A resume may be another gateway's request (its tokens go to that one's channel): a
-    `follow` subscription gets them from the output stream as they come, not at each poll."""
+def test_followed_subscription_reads_the_origin_gateways_stream(backend):
+    """A resume may be another gateway's request (its tokens go to that one's stream; its
+    record lags): a `follow` subscription gets the newest from that stream, as they come,
+    not at each poll, and each exactly once."""
+
+    async def main():
+        r, keys = backend(), Keys(prefix=f"t{uuid.uuid4().hex[:6]}")
+        client = BrokerClient(r, keys, poll_interval=60)
+        for s in range(3):  # the record has 0-2, the other gateway's stream 0-4
+            await write(r, client, ev("f", s, 9), to="other")
+        for s in range(3, 5):
+            await write(r, client, ev("f", s, 9), stream=False, to="other")
+        sub = client.subscribe("f", after_seq=0, follow=True, origin="other")
+        task = asyncio.create_task(collect(sub))
+        t0 = time.monotonic()
+        for s in range(5, 10):
+            await asyncio.sleep(0.01)
+            await write(r, client, ev("f", s, 9), stream=s == 9, to="other")
+        assert [e.seq for e in await asyncio.wait_for(task, 10)] == list(range(1, 10))
+        assert time.monotonic() - t0 < 5
+        await client.aclose()
+        await r.aclose()
+
+    run(main())
+
+
+def test_followed_subscription_of_unknown_origin_reads_the_record(backend):
+    """A request whose origin gateway is not known: its record, followed with XREAD BLOCK."""
 
     async def main():
         r, keys = backend(), Keys(prefix=f"t{uuid.uuid4().hex[:6]}")
@@ -266,7 +293,35 @@ def test_followed_subscription_reads_the_stream_without_pubsub(backend):
     run(main())
 
 
-def test_redis_restart_pubsub_reconnects():
+def test_resume_of_our_own_request_reads_the_events_not_yet_in_its_record(backend):
+    """A client re-attaching on the gateway that submitted the request: the events after the
+    record's last entry went out on our stream before the subscription existed (no one got
+    them); they are read from the stream, once, and the rest comes live."""
+
+    async def main():
+        r, keys = backend(), Keys(prefix=f"t{uuid.uuid4().hex[:6]}")
+        client = BrokerClient(r, keys, poll_interval=60)
+        first = client.subscribe("g")  # starts the reader; events 0-5 reach no one else
+        first.close()
+        await write(r, client, ev("g", 0, 7))
+        for s in range(1, 6):
+            await write(r, client, ev("g", s, 7), stream=False)
+        await asyncio.sleep(0.2)  # the reader has read them, routed to nobody
+        sub = client.subscribe("g", after_seq=1)
+        task = asyncio.create_task(collect(sub))
+        await asyncio.sleep(0.05)
+        for s in range(6, 8):
+            await write(r, client, ev("g", s, 7))
+        assert [e.seq for e in await asyncio.wait_for(task, 5)] == [2, 3, 4, 5, 6, 7]
+        events = await client.request_events("g", client.gateway_id)
+        assert [e.seq for e in events] == list(range(8))
+        await client.aclose()
+        await r.aclose()
+
+    run(main())
+
+
+def test_redis_restart_the_reader_goes_on():
     from syshax.broker.embedded import EmbeddedRedis, free_port
 
     port = free_port()
@@ -283,7 +338,7 @@ def test_redis_restart_pubsub_reconnects():
         keys = Keys(prefix="restart")
         server = EmbeddedRedis(port=port).start()
         r = aioredis.Redis.from_url(server.url)
-        client = BrokerClient(r, keys, poll_interval=30)  # only pub/sub can deliver in time
+        client = BrokerClient(r, keys, poll_interval=30)  # only the stream delivers in time
         assert await asyncio.wait_for(deliver(client, r, keys, "before"), 5) == list(range(5))
         held = client.subscribe("held")  # subscribed across the restart
         server.stop()

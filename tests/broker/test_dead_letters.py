@@ -10,7 +10,8 @@ from syshax.broker import dead_letters
 from syshax.broker.keys import KEYS
 from syshax.broker.kv_store import KVStore
 from syshax.broker.schemas import DecodeJob, PrefillJob, TokenEvent
-from syshax.broker.worker_io import TokenPublisher, WorkQueues
+from syshax.broker.token_publisher import TokenPublisher
+from syshax.broker.worker_io import WorkQueues
 
 
 def _dead(r, stream: str, job, reason: str = "engine error: boom") -> str:

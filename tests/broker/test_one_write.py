@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import redis
 from syshax.broker.connect import ONE_WRITE_BYTES
-from syshax.broker.worker_io import TokenPublisher
+from syshax.broker.token_publisher import TokenPublisher
 
 
 def sends_of_a_step(client: redis.Redis) -> list[int]:

@@ -1,0 +1,209 @@
+"""The worker's writer of token events (sync redis-py); see token_log.py for the layout.
+
+Per engine step, in one pipeline without MULTI (its keys are in many slots) sent in one write:
+the records due (a request's first event here, its end, or `CHECKPOINT_S` after its oldest
+event held back), each with every event held for it, then one XADD per gateway with the step's
+events of all its requests. A record's EXPIRE rides on its first and last write (and every
+output_ttl/4 between), a gateway stream's every output_ttl/4.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import redis
+
+from . import token_log
+from .connect import one_write_pipelines
+from .keys import KEYS, Keys
+from .schemas import SchemaError, TokenEvent, entry_events, pack_events
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Held:
+    """A request's events not yet in its record."""
+
+    since: float  # monotonic time of the oldest
+    packed: list[bytes] = field(default_factory=list)
+
+
+class TokenPublisher:
+    def __init__(self, r: redis.Redis, keys: Keys = KEYS, output_ttl: int = 600):
+        self.r, self.keys, self.output_ttl = r, keys, output_ttl
+        one_write_pipelines(r)  # a step's pipeline reaches Redis in one piece
+        self._ttl_set: dict[str, float] = {}  # key -> monotonic time of its last EXPIRE
+        self._held: dict[str, _Held] = {}  # request id -> events waiting for its record
+        self._next_due = float("inf")  # monotonic time the oldest held events are due
+        self._scans: dict[str, _Scan] = {}  # gateway -> its latest scan (delivered)
+
+    def publish(self, events: list[TokenEvent], gateways: dict[str, str] | None = None) -> None:
+        """`gateways`: request id -> the id of the gateway that submitted it (from its job);
+        a request without one (a batch job, read from its record) has its record written."""
+        if not events:
+            return
+        gateways = gateways or {}
+        by_request: dict[str, list[bytes]] = {}
+        ended: set[str] = set()
+        for ev in events:
+            by_request.setdefault(ev.request_id, []).append(ev.pack())
+            if ev.finish_reason is not None or ev.error is not None:
+                ended.add(ev.request_id)
+        now = time.monotonic()
+        pipe = self.r.pipeline(transaction=False)
+        by_gateway: dict[str, list[bytes]] = {}
+        for rid, packed in by_request.items():
+            gateway = gateways.get(rid)
+            if gateway:
+                by_gateway.setdefault(gateway, []).extend(packed)
+                if rid not in ended and self._held_back(rid, packed, now):
+                    continue
+            held = self._held.pop(rid, None)
+            self._write_record(pipe, rid, held.packed + packed if held else packed, rid in ended)
+        if now >= self._next_due:
+            self._write_due(pipe, now)
+        wall = time.time()
+        for gateway, packed in by_gateway.items():
+            stream = self.keys.gateway_stream(gateway)
+            # MINID ~ trims whole listpack nodes only (cheap): the stream keeps ~GATEWAY_KEEP_S.
+            pipe.xadd(
+                stream, {"b": pack_events(packed)}, minid=token_log.trim_before(wall),
+                approximate=True,
+            )  # fmt: skip
+            if self._ttl_due(stream, now, False):
+                pipe.expire(stream, self.output_ttl)
+        pipe.execute()
+
+    def _held_back(self, rid: str, packed: list[bytes], now: float) -> bool:
+        """Hold a gateway's request's events back from its record (its gateway stream has
+        them) unless its record has none yet here or its oldest held event is due."""
+        held = self._held.get(rid)
+        if held is None:
+            if rid not in self._ttl_set:
+                return False  # the first event here: written now (and the record's TTL set)
+            self._held[rid] = _Held(now, list(packed))
+            self._next_due = min(self._next_due, now + token_log.CHECKPOINT_S)
+            return True
+        if now - held.since >= token_log.CHECKPOINT_S:
+            return False
+        held.packed += packed
+        return True
+
+    def flush_due(self) -> None:
+        """Write the records whose held events are due (a request that made no event since:
+        it moved to another worker, was cancelled, or waits): call between steps."""
+        now = time.monotonic()
+        if now < self._next_due:
+            return
+        pipe = self.r.pipeline(transaction=False)
+        self._write_due(pipe, now)
+        pipe.execute()
+
+    def flush_all(self) -> None:
+        """Every held event into its record (a worker stopping)."""
+        if not self._held:
+            return
+        pipe = self.r.pipeline(transaction=False)
+        self._write_due(pipe, float("inf"))
+        pipe.execute()
+
+    def _write_due(self, pipe, now: float) -> None:
+        due = [rid for rid, h in self._held.items() if now - h.since >= token_log.CHECKPOINT_S]
+        for rid in due:
+            self._write_record(pipe, rid, self._held.pop(rid).packed, False)
+        oldest = min((h.since for h in self._held.values()), default=float("inf"))
+        self._next_due = oldest + token_log.CHECKPOINT_S
+
+    def _write_record(self, pipe, rid: str, packed: list[bytes], ended: bool) -> None:
+        out = self.keys.output_stream(rid)
+        errors = [p for p in packed if _is_error(p)] if ended else []
+        tokens = [p for p in packed if p not in errors] if errors else packed
+        # An error gets an entry of its own: a dead-letter requeue removes exactly those
+        # (dead_letters.error_entries) and never an entry with tokens in it.
+        for part in (tokens, errors):
+            if part:
+                fields = {"e": part[0]} if len(part) == 1 else {"b": pack_events(part)}
+                # No MAXLEN: a request's events are bounded by its max_tokens, and the stream
+                # expires; the trim's arguments cost Redis ~10% of an XADD (bench/broker.py).
+                pipe.xadd(out, fields)
+        if self._ttl_due(rid, time.monotonic(), ended):
+            pipe.expire(out, self.output_ttl)
+
+    def _ttl_due(self, key: str, now: float, ended: bool) -> bool:
+        last = self._ttl_set.get(key)
+        if ended:
+            self._ttl_set.pop(key, None)
+            return True
+        if last is not None and now - last < self.output_ttl / 4:
+            return False
+        self._ttl_set[key] = now
+        if len(self._ttl_set) > 4096:  # requests cancelled or moved away never sent a last event
+            old = [k for k, t in self._ttl_set.items() if now - t > self.output_ttl]
+            for k in old:
+                del self._ttl_set[k]
+        return True
+
+    # ---- reading back --------------------------------------------------------------------
+    def delivered(self, request_id: str, gateway: str = "") -> list[TokenEvent]:
+        """Every event already delivered for a request (to resume it after a crash): its
+        record, and the tokens of it in its gateway's stream beyond the record."""
+        record: list[TokenEvent] = []
+        last = ""
+        for entry_id, fields in self.r.xrange(self.keys.output_stream(request_id)):
+            last = entry_id
+            try:
+                record += entry_events(fields)
+            except SchemaError as exc:
+                log.warning("output of %s: skipping entry %s: %s", request_id, entry_id, exc)
+        events = token_log.merge(record, [], request_id)
+        if not gateway or not last or token_log.ended(events):
+            return events  # no record yet: nothing of it was delivered (its first is written)
+        return token_log.merge(events, self._scan(gateway, token_log.scan_start(last)), request_id)
+
+    def _scan(self, gateway: str, start: str) -> list[TokenEvent]:
+        """The events of a gateway's stream from entry id `start`. A dead worker's requests
+        are resumed one after another: a scan of the same gateway from no later a start, made a
+        moment ago, is extended rather than repeated, so the stream is read about once."""
+        now = time.monotonic()
+        cached = self._scans.get(gateway)
+        if cached is not None and now - cached.at < 2.0 and _id(cached.start) <= _id(start):
+            rows, first = cached.rows, cached.start
+            begin = _next_id(rows[-1][0]) if rows else first
+        else:
+            rows, first, begin = [], start, start
+        stream = self.keys.gateway_stream(gateway)
+        for entry_id, fields in self.r.xrange(stream, min=begin):
+            try:
+                rows.append((_text(entry_id), entry_events(fields)))
+            except SchemaError as exc:
+                log.warning("gateway stream %s: skipping entry %s: %s", gateway, entry_id, exc)
+        self._scans = {gateway: _Scan(now, first, rows)}  # the latest gateway's only
+        return [ev for entry_id, evs in rows if _id(entry_id) >= _id(start) for ev in evs]
+
+
+@dataclass
+class _Scan:
+    at: float  # monotonic time it was read
+    start: str  # the entry id it starts at
+    rows: list[tuple[str, list[TokenEvent]]]
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _id(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def _next_id(entry_id: str) -> str:
+    ms, seq = _id(entry_id)
+    return f"{ms}-{seq + 1}"
+
+
+def _is_error(packed: bytes) -> bool:
+    return b"\xa5error" in packed and TokenEvent.unpack(packed).error is not None

@@ -1,0 +1,147 @@
+"""TokenPublisher: one entry per gateway per step, requests' records written at their first
+event, every CHECKPOINT_S and their end, and `delivered` whole in between (broker/token_log.py)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+import redis
+from syshax.broker import token_log
+from syshax.broker.dead_letters import error_entries
+from syshax.broker.keys import Keys
+from syshax.broker.schemas import TokenEvent, entry_events
+from syshax.broker.token_publisher import TokenPublisher
+
+
+@pytest.fixture
+def r(redis_url):
+    client = redis.Redis.from_url(redis_url)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def keys():
+    return Keys(prefix=f"tp{uuid.uuid4().hex[:8]}")
+
+
+def tok(rid: str, seq: int, last: int = -1) -> TokenEvent:
+    return TokenEvent(
+        request_id=rid, seq=seq, token_id=seq, text=f"t{seq}",
+        finish_reason="stop" if seq == last else None,
+    )  # fmt: skip
+
+
+def record(r, keys, rid) -> list[list[int]]:
+    """The seqs of each entry of a request's record."""
+    return [[e.seq for e in entry_events(f)] for _, f in r.xrange(keys.output_stream(rid))]
+
+
+def test_a_step_is_one_entry_per_gateway_and_records_are_written_seldom(r, keys):
+    pub = TokenPublisher(r, keys, output_ttl=60)
+    rids = [f"q{i}" for i in range(64)]
+    gateways = {rid: ("g1" if i % 2 else "g2") for i, rid in enumerate(rids)}
+    steps = 20
+    for seq in range(steps):
+        pub.publish([tok(rid, seq, steps - 1) for rid in rids], gateways)
+    # each gateway's stream: one entry per step, holding its 32 requests' events
+    for g in ("g1", "g2"):
+        rows = r.xrange(keys.gateway_stream(g))
+        assert len(rows) == steps
+        assert all(len(entry_events(f)) == 32 for _, f in rows)
+        assert 0 < r.ttl(keys.gateway_stream(g)) <= 60
+    # each record: the first event at once, the rest at the end (20 steps < CHECKPOINT_S)
+    for rid in rids:
+        assert record(r, keys, rid) == [[0], list(range(1, steps))]
+        assert 0 < r.ttl(keys.output_stream(rid)) <= 60
+    assert pub.delivered("q0", gateways["q0"])[-1].finish_reason == "stop"
+
+
+def test_held_events_are_delivered_from_the_gateway_stream(r, keys):
+    """A worker that dies with events held back: the next one reads them (its record then the
+    gateway's stream), each once, in order; the gateway stream is read once for them all."""
+    dead = TokenPublisher(r, keys)
+    rids = [f"c{i}" for i in range(8)]
+    for seq in range(6):
+        dead.publish([tok(rid, seq) for rid in rids], dict.fromkeys(rids, "gw"))
+    assert record(r, keys, "c0") == [[0]]  # 1-5 held back when it died
+    heir = TokenPublisher(r, keys)
+    reads = []
+    xrange = r.xrange
+
+    def counted(name, *a, **kw):
+        if name == keys.gateway_stream("gw"):
+            reads.append(kw["min"])
+        return xrange(name, *a, **kw)
+
+    r.xrange = counted
+    try:
+        for rid in rids:
+            assert [e.seq for e in heir.delivered(rid, "gw")] == list(range(6)), rid
+    finally:
+        del r.xrange
+    # the first read spans the stream; each later one goes on from its last entry (finds none)
+    last = r.xrevrange(keys.gateway_stream("gw"), count=1)[0][0].decode()
+    ms, seq = last.split("-")
+    assert len(reads) == len(rids) and set(reads[1:]) == {f"{ms}-{int(seq) + 1}"}
+    assert heir.delivered("c0") == heir.delivered("c0", "")  # no gateway: the record only
+    assert [e.seq for e in heir.delivered("c0")] == [0]
+
+
+def test_records_are_checkpointed_and_flushed(r, keys, monkeypatch):
+    monkeypatch.setattr(token_log, "CHECKPOINT_S", 0.05)
+    pub = TokenPublisher(r, keys)
+    pub.publish([tok("a", 0), tok("b", 0)], {"a": "g", "b": "g"})
+    pub.publish([tok("a", 1), tok("b", 1)], {"a": "g", "b": "g"})
+    pub.flush_due()  # not due yet
+    assert record(r, keys, "a") == [[0]]
+    time.sleep(0.06)
+    pub.publish([tok("a", 2)], {"a": "g"})  # a's held events are due: written with this one
+    assert record(r, keys, "a") == [[0], [1, 2]]
+    assert record(r, keys, "b") == [[0], [1]]  # due too: flushed in the same pipeline
+    pub.publish([tok("b", 2)], {"b": "g"})
+    pub.flush_all()  # a worker stopping
+    assert record(r, keys, "b") == [[0], [1], [2]]
+    # a request without a gateway (a batch job): every step to its record, nothing else
+    pub.publish([tok("x", 0)], {})
+    pub.publish([tok("x", 1)], {})
+    assert record(r, keys, "x") == [[0], [1]]
+
+
+def test_an_error_has_its_own_entry_and_a_requeue_removes_it_for_good(r, keys):
+    pub = TokenPublisher(r, keys)
+    gw = {"e": "g"}
+    pub.publish([tok("e", 0)], gw)
+    pub.publish([tok("e", 1)], gw)
+    err = TokenEvent(request_id="e", seq=2, error={"message": "boom"})
+    pub.publish([err], gw)  # the worker's failure
+    assert record(r, keys, "e") == [[0], [1], [2]]
+    assert pub.delivered("e", "g")[-1].error == {"message": "boom"}
+    ids = error_entries(r, "e", keys)
+    assert len(ids) == 1
+    r.xdel(keys.output_stream("e"), *ids)  # what a dead letter's requeue does
+    # the gateway's stream still has the error; the resumed job must not see it
+    assert [(e.seq, e.error) for e in TokenPublisher(r, keys).delivered("e", "g")] == [
+        (0, None),
+        (1, None),
+    ]
+
+
+def test_tokens_and_error_of_one_step_are_separate_entries(r, keys):
+    pub = TokenPublisher(r, keys)
+    pub.publish([tok("s", 0)], {"s": "g"})
+    pub.publish([tok("s", 1)], {"s": "g"})  # held
+    pub.publish([TokenEvent(request_id="s", seq=2, error={"message": "x"})], {"s": "g"})
+    assert record(r, keys, "s") == [[0], [1], [2]]
+    assert len(error_entries(r, "s", keys)) == 1
+
+
+def test_merge_takes_only_tokens_of_the_request_from_the_gateway():
+    rec = [tok("a", 0), tok("a", 1)]
+    gw = [tok("a", 1), tok("b", 2), tok("a", 2), tok("a", 3, last=3)]
+    gw.append(TokenEvent(request_id="a", seq=4, error={"message": "old"}))
+    assert [e.seq for e in token_log.merge(rec, gw, "a")] == [0, 1, 2]
+    assert token_log.scan_start("1700000005000-7") == "1700000003000-0"
+    assert token_log.trim_before(1000.0) == f"{int((1000.0 - token_log.GATEWAY_KEEP_S) * 1000)}-0"
