@@ -87,9 +87,9 @@ def relative_to_file(cfg: Config, file: Path) -> Config:
     """`cfg` with the file paths it gives relative made absolute against the config file's
     folder (`speculative.draft_model`): a path in a file means the same file whatever the
     directory a command runs from, and a farm's workers read a copy of the config written in
-    their work folder. Absolute and `~` paths stay as they are."""
+    their work folder. Absolute and `~` paths, and "default" (the bundled model), stay."""
     draft = cfg.speculative.draft_model
-    if draft and not Path(draft).expanduser().is_absolute():
+    if draft and draft != "default" and not Path(draft).expanduser().is_absolute():
         folder = file.expanduser().absolute().parent
         cfg.speculative.draft_model = os.path.normpath(folder / draft)
     return cfg

@@ -64,7 +64,9 @@ def model_problem(cfg: Config) -> str | None:
 def draft_model_problem(cfg: Config) -> str | None:
     """Why speculative.draft_model (method draft) names no file or folder, or None."""
     spec = cfg.speculative
-    if spec.method != "draft" or not isinstance(spec.draft_model, str) or not spec.draft_model:
+    if spec.method != "draft" or not isinstance(spec.draft_model, str):
+        return None
+    if spec.draft_model in ("", "default"):  # the bundled model: checked as `model` is
         return None
     path = Path(spec.draft_model).expanduser()
     if not path.exists():

@@ -41,6 +41,9 @@ def test_absolute_and_home_draft_paths_stay_as_given(tmp_path):
     absolute = str(tmp_path / "m" / "d.gguf")
     assert load_config(_config(tmp_path / "a", absolute)).speculative.draft_model == absolute
     assert load_config(_config(tmp_path / "b", "~/d.gguf")).speculative.draft_model == "~/d.gguf"
+    cfg = load_config(_config(tmp_path / "c", "default"))  # the bundled model
+    assert cfg.speculative.draft_model == "default"
+    assert not [p for p in validate(cfg) if "draft_model" in p]
 
 
 def test_a_copy_of_the_config_in_another_folder_still_names_the_same_draft(tmp_path):

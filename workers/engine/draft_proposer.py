@@ -221,13 +221,13 @@ def load_drafter(
     of as many blocks as the target's. Raises EngineError."""
     spec = opts.speculative
     given = Path(spec.draft_model).expanduser()
-    if not given.exists():
+    if spec.draft_model != "default" and not given.exists():
         raise EngineError(
             f"speculative.draft_model: no such file or folder: {given.absolute()} (a draft "
             "model is a .gguf file or an HF model folder; a relative path in a config file is "
             "relative to the file's folder)"
         )
-    path = resolve_model_path(given)
+    path = resolve_model_path(spec.draft_model if spec.draft_model == "default" else given)
     draft_config = read_model_config(path)
     check_same_vocab(target, tokenizer, path, draft_config)
     if draft_config.position_limit < target.max_model_len:
