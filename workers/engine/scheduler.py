@@ -291,6 +291,10 @@ class Scheduler:
         rows added."""
         assert self.spec is not None
         each = min(self.spec.draft_rows_each(len(decodes)), budget // max(len(decodes), 1))
+        # A step to be timed (no prompt rows can join) goes plain when the draft's pricing
+        # needs a plain step's time (SpecPolicy.plain_due).
+        if self.spec.plain_due(len(decodes)) and not self.waiting and all(s.length - s.num_cached == 1 for s in self.running):  # fmt: skip
+            each = 0
         added = 0
         wants: list[tuple[Chunk, int]] = []
         for chunk in decodes if each > 0 else ():

@@ -25,6 +25,10 @@ target agrees with and adds the target's own next token, so a step yields 1 to k
   where each row costs compute (one core, a large model) only well-accepted drafts are
   proposed, and a sequence whose text is not in its context stops paying for rows it throws
   away.
+* A draft model's k is priced the same way, its k draft steps (each timed as a share of the
+  target's plain step of as many rows) added to the verify step, against a plain decode
+  step: a batch that always drafts runs one step without drafts now and then
+  (`plain_due`), so the plain step's price is measured, not guessed from speculative ones.
 * Off when compute-bound: the step's decode rows (one per stream plus the drafts) stay within
   `max_step_rows` (default 16, one GEMM tile). Draft rows share what is left after every
   stream's own row, so with 16 or more streams decoding nobody speculates.
@@ -46,6 +50,7 @@ DEFAULT_MAX_STEP_ROWS = 16  # one tile of the fused step's GEMM
 EMA_WEIGHT = 0.3  # weight of the newest step in a sequence's acceptance average
 COST_WINDOW = 15  # steps of a row count whose median prices it
 RECOVERY = 0.05  # per step without drafts: how far the average moves back towards 1
+PLAIN_EVERY = 64  # timed decode steps after which a draft model's plain step is timed again
 
 
 @dataclass(frozen=True)
@@ -95,6 +100,21 @@ class SpecPolicy:
         # side by side (draft_proposer.py sets it; load slows both alike, so it does not go
         # stale while the draft is priced out): k drafts cost k such shares.
         self.draft_ratio = 0.0
+        self.timed = 0  # decode-only steps timed
+        self.timed_at: dict[int, int] = {}  # decode rows -> `timed` when last timed
+
+    def plain_due(self, num_decodes: int) -> bool:
+        """Whether the step of `num_decodes` streams should go without drafts, to time a plain
+        decode step of that many rows: a draft model's k weighs its k draft steps and the
+        verify step against it, and a batch whose every step drafts never times one (the
+        cost table then priced it as the smallest step it had, a speculative one: drafting
+        never stopped where it lost, 0.87x at 4 streams on one core). Timed again every
+        PLAIN_EVERY timed steps, as the machine's load moves. Not for n-gram speculation,
+        whose sequences without a match decode plainly anyway."""
+        if self.config.method != "draft" or num_decodes < 1:
+            return False
+        at = self.timed_at.get(num_decodes)
+        return at is None or self.timed - at >= PLAIN_EVERY
 
     def draft_rows_each(self, num_decodes: int) -> int:
         """Draft rows each of `num_decodes` decoding streams may add this step (0: off)."""
@@ -159,6 +179,8 @@ class SpecPolicy:
         """A step of `rows` decode rows (no prompt rows) took `seconds`: the cost table, the
         median of each row count's last COST_WINDOW steps (an average let one step slowed by
         another process price the drafts up or down for several steps after it)."""
+        self.timed += 1
+        self.timed_at[rows] = self.timed
         window = self.cost_samples.setdefault(rows, deque(maxlen=COST_WINDOW))
         window.append(seconds)
         self.costs[rows] = statistics.median(window)

@@ -122,6 +122,7 @@ def test_the_scheduler_batches_a_drafter_and_keeps_a_sampled_drafts_refused_toke
     for rid, temp in (("g", 0.0), ("s", 1.0)):
         s.add(s.new_sequence(rid, [4, 5, 6], SamplingParams(temperature=temp, max_tokens=20)))
     s.update(s.schedule(), [7, 7], [None, None])  # the prefills
+    s.spec.observe_step(2, 0.1)  # a plain step of 2 rows timed (else this one goes plain)
     for seq in s.sequences.values():
         seq.constraint = Matcher()
     step = s.schedule()
@@ -156,8 +157,10 @@ def _tokens(engine: Engine, params: SamplingParams, rid: str = "g") -> list[int]
 
 
 def _flat_costs(engine: Engine) -> None:
-    """Rows and draft steps priced flat: k stays at its most (the test is about tokens)."""
+    """Rows and draft steps priced flat, no plain step to time: k stays at its most, every
+    step (the test is about tokens)."""
     engine.scheduler.spec.step_cost = lambda rows: 1.0
+    engine.scheduler.spec.plain_due = lambda streams: False
     engine.scheduler.drafter.policy = None
 
 
