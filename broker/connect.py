@@ -7,9 +7,10 @@ slot and follow the cluster through failovers. The key names (keys.py) carry has
 every multi-key command and MULTI stays in one slot; pipelines that span slots run without
 MULTI (`transaction=False`, split per node by the cluster client).
 
-Pub/sub is broadcast to every node of a cluster (each PUBLISH costs every node's CPU), so on a
-cluster the farm uses sharded pub/sub (SSUBSCRIBE / SPUBLISH: a message goes only to the shard
-that owns its channel's slot); on a single server, plain pub/sub (any Redis version).
+Pub/sub (only the cancel channel now: tokens go through streams, broker/token_log.py) is
+broadcast to every node of a cluster (each PUBLISH costs every node's CPU), so on a cluster the
+farm uses sharded pub/sub (SSUBSCRIBE / SPUBLISH: a message goes only to the shard that owns
+its channel's slot); on a single server, plain pub/sub (any Redis version).
 """
 
 from __future__ import annotations
@@ -167,31 +168,3 @@ class Subscriber:
 
     def close(self) -> None:
         self.pubsub.close()
-
-
-class AsyncSubscriber:
-    """The gateway's pub/sub connection, sharded on a cluster."""
-
-    def __init__(self, client: Any) -> None:
-        self.sharded = clustered(client)
-        self.pubsub = client.pubsub()
-
-    async def subscribe(self, channel: bytes | str) -> None:
-        if self.sharded:
-            await self.pubsub.ssubscribe(channel)
-        else:
-            await self.pubsub.subscribe(channel)
-
-    async def unsubscribe(self, channel: bytes | str) -> None:
-        if self.sharded:
-            await self.pubsub.sunsubscribe(channel)
-        else:
-            await self.pubsub.unsubscribe(channel)
-
-    async def message(self, timeout: float) -> dict[str, Any] | None:
-        if self.sharded:
-            return await self.pubsub.get_sharded_message(timeout=timeout)
-        return await self.pubsub.get_message(timeout=timeout)
-
-    async def aclose(self) -> None:
-        await self.pubsub.aclose()

@@ -136,7 +136,7 @@ class PrefillJob(Message):
     created: float = 0.0
     deadline: float = 0.0  # unix time after which the request is abandoned (request_timeout)
     priority: int = 0  # 0 = interactive, higher = batch (served after interactive work)
-    gateway: str = ""  # the submitting gateway's id: its channel gets the tokens ("" = none)
+    gateway: str = ""  # the submitting gateway's id: its stream gets the tokens ("" = none)
 
     def choice_ids(self) -> list[str]:
         return choice_ids(self.request_id, self.n)
@@ -215,7 +215,7 @@ _EVENTS_DECODER = msgspec.msgpack.Decoder(list[TokenEvent])
 
 def pack_events(packed: list[bytes]) -> bytes:
     """A msgpack array of already packed events (each packed once, for the stream and the
-    channel alike): the array header, then the events' bytes."""
+    gateway stream alike): the array header, then the events' bytes."""
     n = len(packed)
     if n < 16:
         head = bytes((0x90 | n,))

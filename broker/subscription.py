@@ -67,7 +67,7 @@ class TokenSubscription:
         self.origin = origin  # the id of the gateway whose stream gets the request's events
         self.next_seq = after_seq + 1
         self.done = False
-        self.follow = follow  # wait on the output stream (XREAD BLOCK), not on pub/sub
+        self.follow = follow  # another gateway's request: read its streams (XREAD BLOCK)
         self.last_event_at = 0.0  # time.monotonic() of the newest event yielded
         self._queue: asyncio.Queue[TokenEvent] = asyncio.Queue()
         self._buffer: dict[int, TokenEvent] = {}  # received ahead of next_seq
