@@ -128,9 +128,18 @@ def load_model(
     weights: str | None = None,
     nrc: int = 0,
     kv_bytes: Callable[[ModelConfig], int] | None = None,
+    draft_bytes: Callable[[ModelConfig], tuple[int, int]] | None = None,
 ) -> LoadedModel:
     """`kv_bytes(config)`: the KV cache the caller will allocate; with it, the load fails with
-    a clear ModelLoadError before any tensor is read when weights + KV cache cannot fit."""
+    a clear ModelLoadError before any tensor is read when weights + KV cache cannot fit.
+    `draft_bytes(config)`: (weights, KV cache) of a draft model to be loaded beside this one,
+    counted in that check too."""
+
+    def estimate(weights: int, config: ModelConfig) -> memory.MemoryEstimate:
+        kv = kv_bytes(config) if kv_bytes is not None else 0
+        dw, dkv = draft_bytes(config) if draft_bytes is not None else (0, 0)
+        return memory.MemoryEstimate(weights, kv, draft_weights=dw, draft_kv_cache=dkv)
+
     path = resolve_model_path(model)
     device = torch.device(device)
     if weights is not None and weights not in WEIGHT_PLANS:
@@ -151,7 +160,7 @@ def load_model(
         gg.check_types(native)
         if kv_bytes is not None:
             size = memory.gguf_weight_bytes(gg.tensors.values(), weights, _itemsize(dtype), native)
-            memory.check_fits(path, memory.MemoryEstimate(size, kv_bytes(config)))
+            memory.check_fits(path, estimate(size, config))
         net = _meta_model(config)
         if weights is not None:
             from syshax.workers.cpu.gguf_load import load_gguf_projections
@@ -168,7 +177,7 @@ def load_model(
         files = hf_weights.safetensors_files(path)
         if kv_bytes is not None:
             size = memory.safetensors_elements(files) * _itemsize(dtype)
-            memory.check_fits(path, memory.MemoryEstimate(size, kv_bytes(config)))
+            memory.check_fits(path, estimate(size, config))
         net = _meta_model(config)
         named = ((n, t) for n, t, _ in hf_weights.iter_tensors(files))
         total = hf_weights.count_tensors(files)
@@ -187,6 +196,18 @@ def load_model(
     _assign_float(net, config, path, bar, dtype, device)
     net.init_rope(max_model_len, device)
     return LoadedModel(config=config, model=net.eval(), path=path, raw=raw, report=report)
+
+
+def weight_bytes(path: Path, weights: str | None, dtype: torch.dtype) -> int:
+    """What `load_model(path, weights=weights, dtype=dtype)` keeps of the weights, from the
+    file's header (memory.py's rules; nothing is read)."""
+    if is_gguf(path):
+        from .gguf_weights import open_gguf
+
+        native = _native_types() if weights == "stored" else frozenset()
+        tensors = open_gguf(path).tensors.values()
+        return memory.gguf_weight_bytes(tensors, weights, _itemsize(dtype), native)
+    return memory.safetensors_elements(hf_weights.safetensors_files(path)) * _itemsize(dtype)
 
 
 def _itemsize(dtype: torch.dtype) -> int:

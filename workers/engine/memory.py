@@ -9,6 +9,8 @@ OOM-killed after a minute of loading. The estimate counts what the engine keeps 
   as float (`weights=None`) every element at the engine dtype's size. HF folders: every
   element at the engine dtype's size, counted from the safetensors headers.
 * the KV cache (`KVCache.bytes_needed`),
+* a draft model's weights and its KV block pool (speculative.method draft: loaded beside the
+  target, counted the same way; draft_proposer.draft_footprint),
 * a fixed allowance for the runtime (torch, tokenizer, buffers).
 
 It is compared with what the machine can give: MemAvailable, and the cgroup limit where one
@@ -37,10 +39,14 @@ class MemoryEstimate:
     weights: int
     kv_cache: int
     runtime: int = RUNTIME_ALLOWANCE
+    draft_weights: int = 0  # a draft model's (speculative.method draft), loaded beside
+    draft_kv_cache: int = 0
 
     @property
     def total(self) -> int:
-        return self.weights + self.kv_cache + self.runtime
+        return (
+            self.weights + self.kv_cache + self.runtime + self.draft_weights + self.draft_kv_cache
+        )
 
 
 def gguf_weight_bytes(tensors, plan: str | None, dtype_bytes: int, native: frozenset) -> int:
@@ -103,13 +109,21 @@ def check_fits(path: Path, estimate: MemoryEstimate, available: int | None = Non
     if available is None or estimate.total <= available:
         return
     gib = 2**30
+    draft = ""
+    if estimate.draft_weights or estimate.draft_kv_cache:
+        draft = (
+            f" + draft model {estimate.draft_weights / gib:.1f} GiB + its KV cache "
+            f"{estimate.draft_kv_cache / gib:.1f} GiB"
+        )
     raise ModelLoadError(
         f"{path}: needs about {estimate.total / gib:.1f} GiB (weights "
         f"{estimate.weights / gib:.1f} GiB + KV cache {estimate.kv_cache / gib:.1f} GiB + "
-        f"runtime {estimate.runtime / gib:.1f} GiB) but only {available / gib:.1f} GiB is "
-        "available. Lower max_model_len or the batch size (cpu_max_batch_size / "
+        f"runtime {estimate.runtime / gib:.1f} GiB{draft}) but only {available / gib:.1f} GiB "
+        "is available. Lower max_model_len or the batch size (cpu_max_batch_size / "
         "xpu.max_batch_size) to shrink the KV cache, use a smaller quantization (a Q4_K_M or "
-        "Q4_0 GGUF, or SYSHAX_QUANTIZE=q4_0), or a machine with more memory"
+        "Q4_0 GGUF, or SYSHAX_QUANTIZE=q4_0), "
+        + ("a smaller draft model or speculative.method ngram, " if draft else "")
+        + "or a machine with more memory"
     )
 
 

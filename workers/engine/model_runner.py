@@ -185,12 +185,15 @@ class ModelRunner(PortableKV):
     @classmethod
     def load(cls, model: str | Path | None, opts: ModelOptions) -> ModelRunner:
         plan = plan_load(model, opts)
-        loaded = _load_weights(plan, opts)
+        from .draft_proposer import draft_footprint
+
+        draft = draft_footprint(opts, plan.kv_dtype)  # loaded after, counted before
+        loaded = _load_weights(plan, opts, draft)
         config = loaded.config
         max_model_len = config.context_length(opts.max_model_len)
         if max_model_len != (opts.max_model_len or DEFAULT_MAX_MODEL_LEN):
             loaded.model.init_rope(max_model_len, plan.device)  # loaded for the probe length
-        cache = _kv_cache(plan, opts, config, max_model_len)
+        cache = _kv_cache(plan, opts, config, max_model_len, draft)
         return cls(plan, loaded, cache, max_model_len, opts.served_model, opts.nrc or 0)
 
     @property
@@ -238,13 +241,20 @@ class ModelRunner(PortableKV):
         self.cache.write(seq.block_table, kv.keys.to(self.device), kv.values.to(self.device))
 
 
-def _load_weights(plan: LoadPlan, opts: ModelOptions) -> LoadedModel:
+def _load_weights(plan: LoadPlan, opts: ModelOptions, draft: Any = None) -> LoadedModel:
     """The model at `plan.path`, loaded at the asked context length (or the default, when the
-    model allows more: refitted after), quantized when asked and not built in blocks."""
+    model allows more: refitted after), quantized when asked and not built in blocks. The
+    memory check counts `draft` (a DraftFootprint) too: its weights and KV pool."""
+
+    def length(config) -> int:
+        return opts.max_model_len or min(config.position_limit, DEFAULT_MAX_MODEL_LEN)
 
     def kv_bytes(config) -> int:
-        length = opts.max_model_len or min(config.position_limit, DEFAULT_MAX_MODEL_LEN)
-        return KVCache.bytes_needed(config, opts.max_num_seqs, length, plan.kv_dtype)
+        return KVCache.bytes_needed(config, opts.max_num_seqs, length(config), plan.kv_dtype)
+
+    def draft_bytes(config) -> tuple[int, int]:
+        kv = draft.kv_bytes(opts.max_num_seqs, length(config), plan.kv_dtype)
+        return draft.weights, kv
 
     in_blocks, nrc = plan.in_blocks, opts.nrc or 0
     try:
@@ -257,6 +267,7 @@ def _load_weights(plan: LoadPlan, opts: ModelOptions) -> LoadedModel:
             weights=plan.quantize if in_blocks else None,
             nrc=nrc,
             kv_bytes=kv_bytes,
+            draft_bytes=draft_bytes if draft is not None else None,
         )
     except (ValueError, RuntimeError) as exc:
         if not in_blocks:
@@ -275,15 +286,23 @@ def _load_weights(plan: LoadPlan, opts: ModelOptions) -> LoadedModel:
     return loaded
 
 
-def _kv_cache(plan: LoadPlan, opts: ModelOptions, config, max_model_len: int) -> KVCache:
+def _kv_cache(
+    plan: LoadPlan, opts: ModelOptions, config, max_model_len: int, draft: Any = None
+) -> KVCache:
     """The paged KV cache: `opts.kv_cache_bytes`, or room for every sequence at
-    max_model_len within a share of the free memory (memory.plan_kv_blocks)."""
+    max_model_len within a share of the free memory (memory.plan_kv_blocks). With a draft
+    model (a DraftFootprint), whose pool gets as many blocks, that share holds both pools
+    and its weights, loaded after, are not free memory."""
     block_size = opts.block_size
     cuda = plan.device.type == "cuda"
     free = torch.cuda.mem_get_info(plan.device)[0] if cuda else available_bytes()
+    per_block = KVCache.bytes_per_block(config, block_size, plan.kv_dtype)
+    if draft is not None and opts.kv_cache_bytes is None:
+        per_block += draft.bytes_per_block
+        free = None if free is None else max(free - draft.weights, 0)
     try:
         num_blocks = plan_kv_blocks(
-            bytes_per_block=KVCache.bytes_per_block(config, block_size, plan.kv_dtype),
+            bytes_per_block=per_block,
             block_size=block_size,
             max_num_seqs=opts.max_num_seqs,
             max_model_len=max_model_len,
