@@ -185,7 +185,7 @@ class ModelRunner(PortableKV):
     @classmethod
     def load(cls, model: str | Path | None, opts: ModelOptions) -> ModelRunner:
         plan = plan_load(model, opts)
-        from .draft_proposer import draft_footprint
+        from .draft_memory import draft_footprint
 
         draft = draft_footprint(opts, plan.kv_dtype)  # loaded after, counted before
         loaded = _load_weights(plan, opts, draft)
