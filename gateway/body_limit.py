@@ -5,6 +5,7 @@ it arrives and refused when it passes the limit)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable
 
 from fastapi import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -49,10 +50,10 @@ class BodyLimitMiddleware:
                     raise HTTPException(413, too_large_message(limit))
             return message
 
-        async def tracking_send(message: Message) -> None:
+        def tracking_send(message: Message) -> Awaitable[None]:  # per SSE chunk: no coroutine
             nonlocal started
             started = started or message["type"] == "http.response.start"
-            await send(message)
+            return send(message)
 
         try:
             await self.app(scope, counting_receive, tracking_send)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Awaitable
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -91,11 +92,11 @@ class CatchAllMiddleware:
             return
         started = False
 
-        async def tracking_send(message: Message) -> None:
+        def tracking_send(message: Message) -> Awaitable[None]:  # per SSE chunk: no coroutine
             nonlocal started
             if message["type"] == "http.response.start":
                 started = True
-            await send(message)
+            return send(message)
 
         try:
             await self.app(scope, receive, tracking_send)

@@ -19,8 +19,11 @@ class ItlTails:
 
     def add(self, worker: str, gap: float, now: float) -> None:
         """A token from `worker` reached its client `gap` seconds after the one before it."""
-        if worker:
-            self._gaps.setdefault(worker, deque(maxlen=PER_WORKER)).append((now, gap))
+        if worker:  # (per token: no new deque per call, as setdefault's default would make)
+            gaps = self._gaps.get(worker)
+            if gaps is None:
+                gaps = self._gaps[worker] = deque(maxlen=PER_WORKER)
+            gaps.append((now, gap))
 
     def tails(self, classes: Mapping[str, str], now: float) -> dict[str, tuple[float, int]]:
         """{device class: (p99 / p50 of its workers' gaps in the window, gaps)}, for the classes

@@ -6,6 +6,8 @@ so existing dashboards need only the prefix changed.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
+
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -18,6 +20,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from syshax.broker.keys import DEVICE_CLASSES
 
 from .itl_tails import ItlTails
+from .light_histogram import LightHistogram
 
 _LATENCY_BUCKETS = (
     0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
@@ -87,7 +90,9 @@ class Metrics:
             registry=r,
         )
         self.itl_tails = ItlTails()  # the same gaps per worker: the SLO rule's delivered tail
-        self.itl = Histogram(
+        # Observed per streamed token: Histogram's locked observe cost ~1 us a token of the
+        # gateway's ~35-50 (light_histogram.py, ~0.1 us); the exposition is the same.
+        self.itl = LightHistogram(
             "syshax:inter_token_latency_seconds",
             "Time between consecutive tokens of a choice, as seen by the gateway.",
             buckets=_ITL_BUCKETS,
@@ -160,11 +165,13 @@ class RequestMetricsMiddleware:
             endpoint = "other"
         status = 500
 
-        async def counting_send(message: Message) -> None:
+        # A plain function that returns send's awaitable, not a coroutine of its own: it runs
+        # for every SSE chunk, and each async wrapper costs a coroutine object and a frame.
+        def counting_send(message: Message) -> Awaitable[None]:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
-            await send(message)
+            return send(message)
 
         try:
             await self.app(scope, receive, counting_send)

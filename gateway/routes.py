@@ -19,7 +19,9 @@ def add_api_routes(app: FastAPI, gw: Gateway) -> None:
     """POST /v1/chat/completions, POST /v1/completions, GET /v1/requests/{request_id}/stream,
     POST /tokenize, POST /detokenize, GET /v1/models."""
 
-    def authenticated(request: Request) -> None:
+    # async: FastAPI runs a plain-function dependency in its thread pool, a thread hand-off
+    # (wake a worker thread, wait for it) per request for a few string compares.
+    async def authenticated(request: Request) -> None:
         check_api_key(request, gw.settings.api_keys)
 
     auth = [Depends(authenticated)]  # a dependency: runs before the body is validated
