@@ -357,7 +357,7 @@ class AmqpQueues:
         part: RequestPart | None,
         last: Entry | None,
     ) -> None:
-        """choices.hand_over_choice's steps in the order that loses nothing: the decode job
+        """WorkQueues.hand_over_choice's steps in the order that loses nothing: the decode job
         confirmed, then the request's part and its mark (`request_id` "": the decode job's
         own, a request of one choice), then the prefill entry acked."""
         mark_id = request_id

@@ -2,11 +2,12 @@
 the prompt and the parameters once (schemas.PrefillJob); the prefill worker forks a sequence per
 choice and hands each choice's decode off on its own.
 
-* `hand_over_choice`: one MULTI queues a choice's decode job, marks the choice handed off
+* The handoff (the job queue's `hand_over_choice`: worker_io.WorkQueues, one MULTI, or
+  amqp_jobs.AmqpQueues) queues a choice's decode job, marks the choice handed off
   (`keys.handed_off`), stores the request's prompt and parameters once for every decoder
   (`keys.request_part`, on the first handoff only), and acks the prefill entry when this was
   the last choice still held. A worker that dies between two handoffs leaves the entry pending:
-  whoever takes it over reads the marks (`claimed_choices`) and serves only the other choices,
+  whoever takes it over reads the marks (`open_choices`) and serves only the other choices,
   so no choice is decoded twice and none is lost.
 * `request_part`: a decode worker reads the stored part of a choice's request (it caches it).
 
@@ -22,7 +23,6 @@ import redis
 
 from .keys import Keys
 from .schemas import RequestPart
-from .worker_io import Entry, WorkQueues
 
 NO_DEADLINE_TTL = 86_400  # seconds a part of a request without a deadline is kept
 PART_TTL_MARGIN = 60  # seconds past the deadline: a decode job read then is dropped anyway
@@ -34,34 +34,6 @@ def part_ttl(deadline: float) -> int:
     if not deadline:
         return NO_DEADLINE_TTL
     return max(1, int(deadline - time.time())) + PART_TTL_MARGIN
-
-
-def hand_over_choice(
-    queue: WorkQueues,
-    stream: str,
-    data: bytes,
-    *,
-    request_id: str,
-    choice: int,
-    ttl: int,
-    part: RequestPart | None,
-    last: Entry | None,
-) -> None:
-    """Queue choice `choice`'s decode job (`data`) on `stream`, mark it handed off, store
-    `part` (when given: the first handoff of this process), and ack `last` (the prefill entry,
-    when no other choice of it is held here), in one MULTI: the decode job exists if and only
-    if its mark does. The keys share the farm's hash tag (keys.py): one slot on a cluster."""
-    keys = queue.keys
-    pipe = queue.r.pipeline(transaction=True)
-    pipe.xadd(stream, {"j": data})
-    pipe.sadd(keys.handed_off(request_id), choice)
-    pipe.expire(keys.handed_off(request_id), ttl)
-    if part is not None:
-        pipe.set(keys.request_part(request_id), part.pack(), ex=ttl)
-    if last is not None:
-        pipe.xack(last.stream, queue.group, last.entry_id)
-        pipe.xdel(last.stream, last.entry_id)
-    pipe.execute()
 
 
 def open_choices(

@@ -23,6 +23,7 @@ from . import itl_tails
 from .connect import Subscriber
 from .keys import DEVICE_CLASSES, KEYS, Keys
 from .liveness import HEARTBEAT_TTL, is_alive
+from .schemas import RequestPart
 
 log = logging.getLogger(__name__)
 # A claim skips entries delivered (or claimed) less than this long ago: two live workers that
@@ -166,11 +167,32 @@ class WorkQueues:
         pipe.xdel(entry.stream, entry.entry_id)
         pipe.execute()
 
-    def hand_over_choice(self, stream: str, data: bytes, **choice) -> None:
-        """choices.hand_over_choice on these streams (job_transport.JobQueue's method)."""
-        from .choices import hand_over_choice
-
-        hand_over_choice(self, stream, data, **choice)
+    def hand_over_choice(
+        self,
+        stream: str,
+        data: bytes,
+        *,
+        request_id: str,
+        choice: int,
+        ttl: int,
+        part: RequestPart | None,
+        last: Entry | None,
+    ) -> None:
+        """Queue choice `choice`'s decode job (`data`) on `stream`, mark it handed off, store
+        `part` (when given: the first handoff of this process), and ack `last` (the prefill
+        entry, when no other choice of it is held here), in one MULTI: the decode job exists if
+        and only if its mark does (choices.py: the marks and parts of a request of several
+        choices). The keys share the farm's hash tag (keys.py): one slot on a cluster."""
+        pipe = self.r.pipeline(transaction=True)
+        pipe.xadd(stream, {"j": data})
+        pipe.sadd(self.keys.handed_off(request_id), choice)
+        pipe.expire(self.keys.handed_off(request_id), ttl)
+        if part is not None:
+            pipe.set(self.keys.request_part(request_id), part.pack(), ex=ttl)
+        if last is not None:
+            pipe.xack(last.stream, self.group, last.entry_id)
+            pipe.xdel(last.stream, last.entry_id)
+        pipe.execute()
 
     def requeue(self, entry: Entry) -> None:
         """Put `entry` back, unchanged, at the end of its own stream (a draining worker's

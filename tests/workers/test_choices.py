@@ -17,6 +17,7 @@ from syshax.broker.dispatcher import Dispatcher
 from syshax.broker.keys import KEYS
 from syshax.broker.kv_store import KVStore
 from syshax.broker.schemas import DecodeJob, PrefillJob, RequestPart, TokenEvent, entry_events
+from syshax.broker.worker_io import WorkQueues
 from syshax.shared.sampling import SamplingParams
 from syshax.workers.echo_engine import EchoEngine
 from syshax.workers.worker import Worker, WorkerOptions
@@ -137,7 +138,7 @@ class Died(Exception):
 def test_a_prefill_worker_dying_between_handoffs_loses_and_repeats_nothing(redis_url, monkeypatch):
     r = redis.Redis.from_url(redis_url)
     job = _queue(r, 3)
-    real = choices.hand_over_choice
+    real = WorkQueues.hand_over_choice
     handed: list[int] = []
 
     def dies_at_the_second(queue, stream, data, **kw):
@@ -146,7 +147,7 @@ def test_a_prefill_worker_dying_between_handoffs_loses_and_repeats_nothing(redis
         real(queue, stream, data, **kw)
         handed.append(kw["choice"])
 
-    monkeypatch.setattr(choices, "hand_over_choice", dies_at_the_second)
+    monkeypatch.setattr(WorkQueues, "hand_over_choice", dies_at_the_second)
     a = _worker(redis_url, "xpu-a", {"prefill"}, "xpu")
     with pytest.raises(Died):
         for _ in range(100):

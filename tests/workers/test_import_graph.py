@@ -1,4 +1,4 @@
-"""No import circle among the modules of workers/: the worker's collaborators (handoff.py,
+"""No import circle among the modules of workers/ (nor of broker/): the worker's collaborators (handoff.py,
 upkeep.py) are given what they need by the Worker and never import worker.py back. Checked on
 the source: imports inside functions and under `if TYPE_CHECKING:` count too, since a circle
 there is still two modules that cannot be understood (or type-checked) one without the other."""
@@ -68,6 +68,15 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_workers_has_no_import_circle():
     graph = import_graph(ROOT / "workers", "syshax.workers")
     assert "syshax.workers.handoff" in graph["syshax.workers.worker"], "the walk sees imports"
+    found = cycles(graph)
+    assert not found, "\n".join(" -> ".join(c) for c in found)
+
+
+def test_broker_has_no_import_circle():
+    """broker/ too: worker_io.py and choices.py imported each other (the choice handoff's MULTI
+    lived in choices.py, on a WorkQueues; it is WorkQueues.hand_over_choice now)."""
+    graph = import_graph(ROOT / "broker", "syshax.broker")
+    assert "syshax.broker.schemas" in graph["syshax.broker.worker_io"], "the walk sees imports"
     found = cycles(graph)
     assert not found, "\n".join(" -> ".join(c) for c in found)
 
