@@ -18,7 +18,8 @@ from .engine.core import EngineCore, ImportedKV, Sampled, StandInRunner, echo_to
 from .engine.errors import KVFormatError
 from .engine.kv_identity import KVIdentity
 from .engine.outputs import StepOutput
-from .engine.scheduler import ScheduledStep, Scheduler
+from .engine.scheduled_step import ScheduledStep
+from .engine.scheduler import Scheduler
 from .engine.sequence import Sequence
 
 ECHO_MODEL_ID = "echo-engine"

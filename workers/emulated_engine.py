@@ -28,7 +28,8 @@ from .engine.errors import EngineError
 from .engine.kv_identity import KVIdentity
 from .engine.outputs import StepOutput
 from .engine.protocol import PortableKV
-from .engine.scheduler import DEFAULT_BLOCK_SIZE, ScheduledStep, Scheduler
+from .engine.scheduled_step import ScheduledStep
+from .engine.scheduler import DEFAULT_BLOCK_SIZE, Scheduler
 from .engine.sequence import Sequence
 
 log = logging.getLogger(__name__)

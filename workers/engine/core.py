@@ -35,7 +35,8 @@ from .kv_identity import KVIdentity
 from .outputs import EngineStats, StepOutput
 from .prompt_budget import typical_line
 from .protocol import SchedulerRequests
-from .scheduler import ScheduledStep, Scheduler
+from .scheduled_step import ScheduledStep
+from .scheduler import Scheduler
 from .sequence import Sequence
 
 

@@ -41,7 +41,7 @@ from .errors import EngineError
 from .kv_cache import KVCache
 from .loader import resolve_model_path
 from .sampler import _filter, token_generator
-from .scheduler import Chunk, ScheduledStep
+from .scheduled_step import Chunk, ScheduledStep
 from .sequence import Sequence
 
 log = logging.getLogger(__name__)

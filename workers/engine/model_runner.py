@@ -37,7 +37,8 @@ from .prompt_budget import PromptBudget
 from .protocol import PortableKV
 from .runner import FusedRunner, TorchRunner
 from .sampler import sample_sequences
-from .scheduler import DEFAULT_BLOCK_SIZE, ScheduledStep, step_budget
+from .scheduled_step import ScheduledStep, step_budget
+from .scheduler import DEFAULT_BLOCK_SIZE
 from .sequence import Sequence
 from .spec_verify import sample_step
 from .speculative import SpecConfig

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from .kv_cache import KVCache
-from .scheduler import Chunk, ScheduledStep
+from .scheduled_step import Chunk, ScheduledStep
 
 
 class FusedRunner:

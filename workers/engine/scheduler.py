@@ -1,6 +1,7 @@
 """The scheduler under every engine: which token rows the next step computes, and what its
 sampled tokens do. Torch-free on purpose (nano-vllm's shape): it is tested without a model,
-and an engine is this scheduler plus a runner that turns a `ScheduledStep` into logits.
+and an engine is this scheduler plus a runner that turns a `ScheduledStep` (scheduled_step.py)
+into logits.
 
 One rule covers prefill, chunked prefill, resume and decode: a running sequence has rows
 `[num_cached, length)` still to compute, and samples a token when a step reaches `length`.
@@ -35,7 +36,6 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass, field
 from typing import Any
 
 from syshax.shared.sampling import SamplingParams
@@ -44,74 +44,11 @@ from .block_manager import BlockManager
 from .errors import CapacityError, RequestError
 from .outputs import SpecCounts, StepOutput
 from .prompt_budget import PromptBudget, StepModel
+from .scheduled_step import Chunk, ScheduledStep, step_budget
 from .sequence import Sequence, make_detokenizer, record_token
 from .speculative import SpecConfig, SpecPolicy
 
-DEFAULT_MAX_NUM_BATCHED_TOKENS = 256
 DEFAULT_BLOCK_SIZE = 16
-
-
-def step_budget(
-    max_num_seqs: int,
-    max_num_batched_tokens: int | None = None,
-    prompt_rows_while_decoding: int | None = None,
-) -> int:
-    """The token rows a step computes at most (None: DEFAULT_MAX_NUM_BATCHED_TOKENS, raised to
-    the running limit), checked with the limits it must fit; raises ValueError. The one check
-    of these limits: engines call it before loading anything, so a bad value fails at once."""
-    if prompt_rows_while_decoding is not None and prompt_rows_while_decoding < 1:
-        raise ValueError(
-            f"prompt_rows_while_decoding must be >= 1, got {prompt_rows_while_decoding}"
-        )
-    if max_num_seqs < 1:
-        raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
-    budget = max_num_batched_tokens or max(DEFAULT_MAX_NUM_BATCHED_TOKENS, max_num_seqs)
-    if budget < max_num_seqs:
-        raise ValueError(
-            f"max_num_batched_tokens ({budget}) must be at least max_num_seqs "
-            f"({max_num_seqs}): every running sequence decodes one row per step"
-        )
-    return budget
-
-
-@dataclass
-class Chunk:
-    """Rows `[start, start + length)` of one sequence, computed in one step."""
-
-    seq: Sequence
-    start: int
-    length: int
-    draft: list[int] = field(default_factory=list)  # proposed tokens, the chunk's last rows
-    draft_q: Any = None  # a draft model's q rows for sampled drafts (None: point masses)
-
-    @property
-    def samples(self) -> bool:
-        """Does this chunk reach the sequence's end (its last row's logits give a token; with
-        a draft, every row's logits do)?"""
-        return self.start + self.length - len(self.draft) == self.seq.length
-
-    @property
-    def token_ids(self) -> list[int]:
-        ids = self.seq.all_ids + self.draft
-        return ids[self.start : self.start + self.length]
-
-
-@dataclass
-class ScheduledStep:
-    chunks: list[Chunk] = field(default_factory=list)  # decodes first, then prompt chunks
-
-    @property
-    def num_rows(self) -> int:
-        return sum(c.length for c in self.chunks)
-
-    @property
-    def sampling(self) -> list[Chunk]:
-        return [c for c in self.chunks if c.samples]
-
-    @property
-    def decode_rows(self) -> int:
-        """Rows that extend a sequence already generating (the rest are prompt rows)."""
-        return sum(c.length for c in self.chunks if c.start >= c.seq.prefill_end)
 
 
 class Scheduler:

@@ -11,7 +11,7 @@ from syshax.workers.cpu.quantized import QuantLinear
 from syshax.workers.engine.engine import Engine
 from syshax.workers.engine.errors import EngineError
 from syshax.workers.engine.runner import FusedRunner, TorchRunner
-from syshax.workers.engine.scheduler import Chunk, ScheduledStep
+from syshax.workers.engine.scheduled_step import Chunk, ScheduledStep
 
 from ..conftest import ARCHS
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from syshax.shared.sampling import SamplingParams
 from syshax.workers.engine.engine import Engine
-from syshax.workers.engine.scheduler import Chunk
+from syshax.workers.engine.scheduled_step import Chunk
 from syshax.workers.engine.sequence import Sequence
 from syshax.workers.engine.spec_verify import sample_step, verify
 from syshax.workers.engine.speculative import SpecConfig
