@@ -24,7 +24,7 @@ import time
 import uuid
 from pathlib import Path
 
-from syshax.broker.amqp_jobs import (
+from syshax.broker.amqp_connection import (
     DEFAULT_AMQP_URL,
     dead_letter_exchange,
     job_streams,

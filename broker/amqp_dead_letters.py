@@ -2,7 +2,7 @@
 (`<prefix>.jobs.dead`), listed, requeued or dropped like the Redis stream's (dead_letters.py).
 
 Two ways in: a worker dead-letters a job it must not run with its reason and job stream in the
-message's headers (amqp_jobs.REASON_HEADER, STREAM_HEADER); RabbitMQ dead-letters a job
+message's headers (amqp_connection.REASON_HEADER, STREAM_HEADER); RabbitMQ dead-letters a job
 delivered DELIVERY_LIMIT times by itself, with an `x-death` header naming the queue and
 `delivery_limit`. A letter's id is its message id (every job is published with one, and a
 dead letter keeps it), so ids stay stable while letters come and go.
@@ -33,7 +33,7 @@ import pika
 import pika.exceptions
 import redis
 
-from .amqp_jobs import (
+from .amqp_connection import (
     AT_HEADER,
     CONNECTION_ERRORS,
     DEFAULT_AMQP_URL,

@@ -1,5 +1,5 @@
-"""Push consumers for the RabbitMQ job queues (amqp_jobs.py): basic.consume with a prefetch
-instead of polling with basic.get.
+"""Push consumers for the RabbitMQ job queues (amqp_connection.py, amqp_jobs.py): basic.consume
+with a prefetch instead of polling with basic.get.
 
 RabbitMQ pushes up to `prefetch` unacked jobs of a queue to the worker's connection, where they
 wait in a local buffer until the worker takes one; an idle worker blocks on its connection
@@ -29,8 +29,8 @@ class PushBuffers:
         self.buffers: dict[str, deque[Delivery]] = {}
         self.tags: dict[str, str] = {}  # stream -> its consumer's tag
         # A consumer RabbitMQ cancelled (its queue deleted): pushes stopped for good on this
-        # connection; the worker reconnects (amqp_jobs.AmqpConnection.get), which declares the
-        # queues and consumes them again.
+        # connection; the worker reconnects (amqp_connection.AmqpConnection.get), which declares
+        # the queues and consumes them again.
         self.cancelled = ""
         channel.add_on_cancel_callback(self._cancelled)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pika
 import pika.exceptions
 
-from .amqp_jobs import (
+from .amqp_connection import (
     CONNECTION_ERRORS,
     DEFAULT_AMQP_URL,
     AmqpUnreachable,

@@ -102,7 +102,7 @@ class WorkerJobs:
         self.r, self.keys, self.consumer, self.jobs = r, keys, consumer, jobs
         self.amqp = None
         if jobs == "amqp":
-            from .amqp_jobs import AmqpConnection
+            from .amqp_connection import AmqpConnection
 
             self.amqp = AmqpConnection(amqp_url or None, keys)
 
@@ -113,7 +113,8 @@ class WorkerJobs:
         queues a worker serves); 0: they are read with basic.get (a queue read now and then)."""
         if self.amqp is None:
             return WorkQueues(self.r, streams, self.consumer, self.keys)
-        from .amqp_jobs import AmqpQueues, job_streams
+        from .amqp_connection import job_streams
+        from .amqp_jobs import AmqpQueues
 
         on_amqp = [s for s in streams if s in job_streams(self.keys)]
         if prefetch > 0:
@@ -168,7 +169,7 @@ class JobPublisher:
         self._lock = threading.Lock()
 
     def _connection(self, keys: Keys):
-        from .amqp_jobs import AmqpConnection
+        from .amqp_connection import AmqpConnection
 
         key = (os.getpid(), keys.prefill_stream)
         conn = self._conns.get(key)
@@ -184,7 +185,7 @@ class JobPublisher:
         return conn
 
     def publish(self, keys: Keys, stream: str, data: bytes) -> None:
-        from .amqp_jobs import AmqpUnreachable
+        from .amqp_connection import AmqpUnreachable
 
         with self._lock:
             conn = self._connection(keys)

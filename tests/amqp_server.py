@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pika
 import pika.exceptions
 import pytest
-from syshax.broker.amqp_jobs import (
+from syshax.broker.amqp_connection import (
     DEFAULT_AMQP_URL,
     dead_letter_exchange,
     job_streams,

@@ -166,7 +166,7 @@ def test_two_models_on_rabbitmq_job_queues(tmp_path, amqp_prefix):  # noqa: F811
     """broker.jobs amqp: each model's jobs on its own RabbitMQ queues (both echo workers: the
     worker refuses a job of another model, so a misrouted request would fail)."""
     import pika
-    from syshax.broker.amqp_jobs import job_streams, queue_name
+    from syshax.broker.amqp_connection import job_streams, queue_name
 
     from .amqp_server import AMQP_URL, connect
 

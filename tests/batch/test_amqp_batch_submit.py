@@ -6,7 +6,7 @@ which stays on Redis."""
 from __future__ import annotations
 
 from syshax.batch.farm_client import FarmClient, settings_from_config
-from syshax.broker.amqp_jobs import queue_name
+from syshax.broker.amqp_connection import queue_name
 from syshax.shared.config import Config
 
 from ..amqp_server import AMQP_URL, amqp_prefix, queue_counts  # noqa: F401 - the fixture

@@ -11,7 +11,7 @@ import time
 
 import pytest
 import yaml
-from syshax.broker.amqp_jobs import DELIVERY_LIMIT, dead_letter_exchange, queue_name
+from syshax.broker.amqp_connection import DELIVERY_LIMIT, dead_letter_exchange, queue_name
 from syshax.broker.dead_letters import DeadLetterError
 from syshax.broker.job_transport import WorkerJobs, open_dead_letters
 from syshax.broker.keys import Keys

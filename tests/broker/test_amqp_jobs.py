@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import pytest
 from syshax.broker import choices
-from syshax.broker.amqp_jobs import (
+from syshax.broker.amqp_connection import (
     DELIVERY_LIMIT,
     AmqpEntry,
-    AmqpQueues,
     dead_letter_exchange,
     queue_name,
 )
+from syshax.broker.amqp_jobs import AmqpQueues
 from syshax.broker.job_transport import WorkerJobs
 from syshax.broker.keys import Keys
 from syshax.broker.schemas import DecodeJob
@@ -238,7 +238,7 @@ def test_a_lost_connection_is_the_workers_redis_outage_path(r, keys) -> None:
     redis.ConnectionError: abort the engine's sequences, reconnect with a backoff), and the
     jobs the lost connection held are redelivered to whoever connects."""
     import redis as redis_lib
-    from syshax.broker.amqp_jobs import AmqpUnreachable
+    from syshax.broker.amqp_connection import AmqpUnreachable
 
     jobs = open_worker(r, keys)
     jobs.amqp.publish(keys.prefill_stream, b"held")

@@ -10,7 +10,7 @@ import threading
 import time
 
 import pytest
-from syshax.broker.amqp_jobs import queue_name
+from syshax.broker.amqp_connection import queue_name
 from syshax.broker.job_transport import WorkerJobs
 from syshax.broker.keys import Keys
 
@@ -106,7 +106,7 @@ def test_a_draining_worker_gives_back_what_was_pushed_and_a_killed_one_has_it_re
 def test_a_consumer_rabbitmq_cancels_makes_the_worker_reconnect(r, keys):
     """Its queue deleted under it: the next read raises AmqpUnreachable (a
     redis.ConnectionError: the worker's loop reconnects, which declares and consumes again)."""
-    from syshax.broker.amqp_jobs import AmqpUnreachable
+    from syshax.broker.amqp_connection import AmqpUnreachable
 
     from ..amqp_server import connect
 

@@ -9,7 +9,7 @@ import socket
 import time
 
 import httpx
-from syshax.broker.amqp_jobs import AmqpConnection, queue_name
+from syshax.broker.amqp_connection import AmqpConnection, queue_name
 
 from ..amqp_server import AMQP_URL, amqp_prefix, queue_counts  # noqa: F401 - the fixture
 from .test_errors import MESSAGES, check_shape, post

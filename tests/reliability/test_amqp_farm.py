@@ -10,7 +10,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from syshax.broker.amqp_jobs import dead_letter_exchange
+from syshax.broker.amqp_connection import dead_letter_exchange
 from syshax.broker.keys import DEVICE_CLASSES
 
 from ..amqp_server import AMQP_URL, amqp_prefix, queue_counts  # noqa: F401 - the fixture
