@@ -276,7 +276,10 @@ class BrokerClient:
             for _, rows in reply or ():
                 for entry_id, fields in rows:
                     self._cursor = entry_id
-                    self._route(fields)
+                    try:
+                        self._route(fields)
+                    except Exception:  # one bad entry may not stop delivery for every request
+                        log.exception("gateway stream reader: entry %s", entry_id)
 
     def _route(self, fields: dict) -> None:
         """One worker step's events of this gateway's requests, each to its subscriptions."""
@@ -288,7 +291,7 @@ class BrokerClient:
         routes = self._routes
         for event in events:
             for sub in routes.get(event.request_id, ()):
-                sub._queue.put_nowait(event)
+                sub.deliver(event)
 
     async def aclose(self) -> None:
         self._closed = True

@@ -69,15 +69,18 @@ class TokenSubscription:
         self.done = False
         self.follow = follow  # another gateway's request: read its streams (XREAD BLOCK)
         self.last_event_at = 0.0  # time.monotonic() of the newest event yielded
-        self._queue: asyncio.Queue[TokenEvent] = asyncio.Queue()
-        self._buffer: dict[int, TokenEvent] = {}  # received ahead of next_seq
+        self._buffer: dict[int, TokenEvent] = {}  # received, not yet yielded, by seq
+        # The reader hands events over by `deliver` (no queue, no task hop): `get` waits on this
+        # future only when nothing is buffered.
+        self._waiter: asyncio.Future[None] | None = None
+        self._arrived = False  # something came since the last gap check
         self._cursor = "-"  # record (output stream) id read up to
         self._origin_cursor = ""  # origin gateway stream id read up to ("" = not read yet)
         # Events before this subscription began went out on the origin's stream unrouted:
         # read them from there once (a follower keeps reading it).
         self._scan_origin = bool(origin) and (follow or after_seq >= 0)
         self._backfill_first = after_seq >= 0
-        self._quiet_since: float | None = None  # loop time of the last message or backfill
+        self._quiet_since: float | None = None  # monotonic time of the last event or backfill
 
     def __aiter__(self) -> TokenSubscription:
         return self
@@ -95,6 +98,14 @@ class TokenSubscription:
         """Stop listening (idempotent; safe to call from sync code and finalizers)."""
         self.client._release(self)
 
+    def deliver(self, event: TokenEvent) -> None:
+        """The gateway's reader hands over one event of this request."""
+        self._take(event)
+        self._arrived = True
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
     def _take(self, event: TokenEvent) -> None:
         if event.seq < self.next_seq:
             if event.finish_reason is not None or event.error is not None:
@@ -105,7 +116,7 @@ class TokenSubscription:
     async def backfill(self, block_s: float = 0.0) -> bool:
         """Read what the record has beyond the last entry read, then (a resume) the origin
         gateway's stream; `block_s` > 0: wait up to that long for something new."""
-        self._quiet_since = asyncio.get_running_loop().time()
+        self._quiet_since = time.monotonic()
         try:
             if self._scan_origin and self._cursor != "-":
                 await self._read_record()
@@ -153,58 +164,81 @@ class TokenSubscription:
             raise StopAsyncIteration
         return event
 
+    def get_nowait(self) -> TokenEvent | None:
+        """The next event if it is here already (None: wait with `get`)."""
+        if self._backfill_first:
+            return None
+        event = self._buffer.pop(self.next_seq, None)
+        return None if event is None else self._yield(event)
+
     async def get(self, timeout: float | None = None) -> TokenEvent | None:
         """The next event; None when the request has ended, or after `timeout` seconds without
         one (then call again: nothing is lost)."""
         if self._backfill_first:
             self._backfill_first = False
             await self.backfill()
-        loop = asyncio.get_running_loop()
-        deadline = None if timeout is None else loop.time() + timeout
+        event = self._buffer.pop(self.next_seq, None)
+        if event is not None:  # the usual case while a stream runs: no clock, no loop
+            return self._yield(event)
+        now = time.monotonic()
+        deadline = None if timeout is None else now + timeout
         if self._quiet_since is None:
-            self._quiet_since = loop.time()
+            self._quiet_since = now
         poll = self.client.poll_interval
         while True:
             event = self._buffer.pop(self.next_seq, None)
             if event is not None:
-                self.next_seq += 1
-                self.last_event_at = time.monotonic()
-                self._quiet_since = loop.time()
-                if event.finish_reason is not None or event.error is not None:
-                    self.done = True
-                    self._buffer.clear()
-                    self.close()
-                return event
+                return self._yield(event)
             if self.done:
                 self.close()
                 return None
-            if self._queue.empty():
-                now = loop.time()
-                if self.follow:
-                    wait = 1.0 if deadline is None else min(1.0, deadline - now)
-                    if wait <= 0:
-                        return None
-                    if not await self.backfill(wait):
-                        await asyncio.sleep(min(wait, poll))  # Redis down: not a busy loop
-                    if not self._buffer and deadline is not None and loop.time() >= deadline:
-                        return None
-                    continue
-                next_poll = self._quiet_since + poll
-                if now >= next_poll:  # no progress for a while: maybe a publish was lost
-                    await self.backfill()
-                    continue
-                if deadline is not None and now >= deadline:
+            if self._buffer and self._arrived:
+                self._arrived = False
+                await self.backfill()  # a gap: something came that we never got before it
+                continue
+            now = time.monotonic()
+            if self.follow:
+                wait = 1.0 if deadline is None else min(1.0, deadline - now)
+                if wait <= 0:
                     return None
-                wake = next_poll if deadline is None else min(next_poll, deadline)
-                try:
-                    incoming = await queue_get(self._queue, wake - now)
-                except asyncio.TimeoutError:
-                    continue
-            else:
-                incoming = self._queue.get_nowait()
-            self._take(incoming)
-            if self._buffer and self.next_seq not in self._buffer:
-                await self.backfill()  # a gap: something was published that we never got
+                if not await self.backfill(wait):
+                    await asyncio.sleep(min(wait, poll))  # Redis down: not a busy loop
+                late = deadline is not None and time.monotonic() >= deadline
+                if late and self.next_seq not in self._buffer:
+                    return None
+                continue
+            next_poll = self._quiet_since + poll
+            if now >= next_poll:  # no progress for a while: look at the record
+                await self.backfill()
+                continue
+            if deadline is not None and now >= deadline:
+                return None
+            await self._wait((next_poll if deadline is None else min(next_poll, deadline)) - now)
+
+    def _yield(self, event: TokenEvent) -> TokenEvent:
+        self.next_seq += 1
+        self.last_event_at = self._quiet_since = time.monotonic()
+        if event.finish_reason is not None or event.error is not None:
+            self.done = True
+            self._buffer.clear()
+            self.close()
+        return event
+
+    async def _wait(self, delay: float) -> None:
+        """Until the reader delivers something or `delay` seconds pass."""
+        loop = asyncio.get_running_loop()
+        waiter = self._waiter = loop.create_future()
+        timer = loop.call_later(delay, _wake, waiter)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            self._waiter = None
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 if sys.version_info >= (3, 11):

@@ -22,6 +22,10 @@ from .schemas import SchemaError, TokenEvent, entry_events, pack_events
 
 log = logging.getLogger(__name__)
 
+SCAN_ALIGN_MS = 10_000  # a gateway stream is read back from a multiple of this (shared reads)
+SCAN_REUSE_S = 2.0  # a read is extended, not repeated, within this long of the last use
+SCAN_MAX_ROWS = 20_000  # ...and while it holds fewer entries than this
+
 
 @dataclass
 class _Held:
@@ -165,15 +169,19 @@ class TokenPublisher:
 
     def _scan(self, gateway: str, start: str) -> list[TokenEvent]:
         """The events of a gateway's stream from entry id `start`. A dead worker's requests
-        are resumed one after another: a scan of the same gateway from no later a start, made a
-        moment ago, is extended rather than repeated, so the stream is read about once."""
+        are resumed one after another: the stream is read from `start` rounded down to
+        SCAN_ALIGN_MS, and a read made a moment ago from no later a point is extended rather
+        than repeated, so a wave of resumes reads (and decodes) the stream about once."""
         now = time.monotonic()
+        ms = _id(start)[0]
+        base = f"{ms - ms % SCAN_ALIGN_MS}-0"
         cached = self._scans.get(gateway)
-        if cached is not None and now - cached.at < 2.0 and _id(cached.start) <= _id(start):
+        fresh = cached is not None and now - cached.at < SCAN_REUSE_S
+        if fresh and _id(cached.start) <= _id(base) and len(cached.rows) < SCAN_MAX_ROWS:
             rows, first = cached.rows, cached.start
             begin = _next_id(rows[-1][0]) if rows else first
         else:
-            rows, first, begin = [], start, start
+            rows, first, begin = [], base, base
         stream = self.keys.gateway_stream(gateway)
         for entry_id, fields in self.r.xrange(stream, min=begin):
             try:
