@@ -12,11 +12,11 @@ acceptance rates measured with it are a lower bound of what a real draft gives.
 from __future__ import annotations
 
 import argparse
-import os
 import re
 from pathlib import Path
 
 import gguf
+from gguf_write import copy_field, finish, temporary
 
 CACHE = Path("~/.cache/syshax/bench").expanduser()
 
@@ -40,7 +40,7 @@ def write_truncated(src: Path, dst: Path, layers: int) -> Path:
     arch = str(reader.fields["general.architecture"].contents())
     total = int(reader.fields[f"{arch}.block_count"].contents())
     new_index = {old: new for new, old in enumerate(kept_layers(total, layers))}
-    tmp = dst.with_name(dst.name + f".{os.getpid()}.tmp")
+    tmp = temporary(dst)
     writer = gguf.GGUFWriter(tmp, arch)
     for name, f in reader.fields.items():
         if name.startswith("GGUF.") or name == "general.architecture":
@@ -48,11 +48,7 @@ def write_truncated(src: Path, dst: Path, layers: int) -> Path:
         if name == f"{arch}.block_count":
             writer.add_uint32(name, layers)
             continue
-        vtype = gguf.GGUFValueType(f.types[0])
-        if vtype == gguf.GGUFValueType.ARRAY:
-            writer.add_key_value(name, f.contents(), vtype, sub_type=gguf.GGUFValueType(f.types[-1]))  # fmt: skip
-        else:
-            writer.add_key_value(name, f.contents(), vtype)
+        copy_field(writer, name, f)
     for t in reader.tensors:
         name = t.name
         if m := re.match(r"blk\.(\d+)\.", name):
@@ -60,12 +56,7 @@ def write_truncated(src: Path, dst: Path, layers: int) -> Path:
                 continue
             name = f"blk.{new_index[int(m.group(1))]}.{name[m.end() :]}"
         writer.add_tensor(name, t.data, raw_dtype=t.tensor_type)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file(progress=False)
-    writer.close()
-    tmp.replace(dst)
-    return dst
+    return finish(writer, tmp, dst)
 
 
 def truncated_model(src: Path, layers: int, cache: Path = CACHE) -> Path:

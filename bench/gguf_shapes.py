@@ -17,7 +17,6 @@ Files are cached in ~/.cache/syshax/bench/shapes.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
 import sys
 from pathlib import Path
@@ -25,6 +24,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 from gguf import GGMLQuantizationType as T
+from gguf_write import FTYPES, copy_field, quantize, temporary
 from tqdm import tqdm
 
 CACHE = Path("~/.cache/syshax/bench/shapes").expanduser()
@@ -36,8 +36,6 @@ SHAPES: dict[str, tuple[str, int, int, int, int, int, bool, float, str]] = {
     "8b": ("Llama-3.1-8B", 4096, 32, 32, 8, 14336, False, 500000.0, "llama"),
     "qwen7b": ("Qwen2.5-7B", 3584, 28, 28, 4, 18944, False, 1000000.0, "qwen2"),
 }
-# llama.cpp's llama_ftype numbers
-FTYPES = {"Q4_0": 2, "Q8_0": 7, "Q4_K_M": 15, "Q5_K_M": 17, "Q6_K": 18}
 _Q8_SCALE = np.float16(0.02 / 73)  # uniform int8 quants have a standard deviation of ~73
 
 
@@ -50,14 +48,9 @@ def _tokenizer_fields(writer: gguf.GGUFWriter) -> int:
     for name, f in reader.fields.items():
         if not name.startswith("tokenizer."):
             continue
-        vtype = gguf.GGUFValueType(f.types[0])
-        if vtype == gguf.GGUFValueType.ARRAY:
-            value = f.contents()
-            writer.add_key_value(name, value, vtype, sub_type=gguf.GGUFValueType(f.types[-1]))
-            if name == "tokenizer.ggml.tokens":
-                vocab = len(value)
-        else:
-            writer.add_key_value(name, f.contents(), vtype)
+        copy_field(writer, name, f)
+        if name == "tokenizer.ggml.tokens":
+            vocab = len(f.contents())
     return vocab
 
 
@@ -100,7 +93,7 @@ def _data(name: str, shape: tuple[int, ...], rng: np.random.Generator) -> tuple[
 def write_source(shape: str, path: Path, seed: int = 0) -> Path:
     """The Q8_0 random-weight source of `shape`, written tensor by tensor (bounded memory)."""
     model, hidden, layers, heads, kv, ffn, _, theta, arch = SHAPES[shape]
-    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+    tmp = temporary(path)
     w = gguf.GGUFWriter(tmp, arch)
     w.add_name(f"random-weight {model} shape (speed only)")
     w.add_block_count(layers)
@@ -131,22 +124,6 @@ def write_source(shape: str, path: Path, seed: int = 0) -> Path:
     w.close()
     tmp.replace(path)
     return path
-
-
-def quantize(src: Path, dst: Path, ftype: str, threads: int) -> Path:
-    import llama_cpp
-
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = FTYPES[ftype]
-    params.nthread = threads
-    params.allow_requantize = True
-    tmp = dst.with_name(dst.name + f".{os.getpid()}.tmp")
-    rc = llama_cpp.llama_model_quantize(str(src).encode(), str(tmp).encode(), ctypes.byref(params))
-    if rc != 0:
-        tmp.unlink(missing_ok=True)
-        raise RuntimeError(f"llama_model_quantize({src} -> {ftype}) failed with {rc}")
-    tmp.replace(dst)
-    return dst
 
 
 def shaped(shape: str, ftype: str, threads: int = 2, cache: Path = CACHE) -> Path:

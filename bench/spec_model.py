@@ -15,7 +15,6 @@ not bit-for-bit the Q4_1 file's.)
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
 import sys
 from pathlib import Path
@@ -24,11 +23,11 @@ import gguf
 import numpy as np
 from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize
+from gguf_write import copy_field, finish, quantize, temporary
 from tqdm import tqdm
 
 CACHE = Path("~/.cache/syshax/bench").expanduser()
 PADDED_FFN = 16384
-Q4_0_FTYPE = 2  # llama.cpp's LLAMA_FTYPE_MOSTLY_Q4_0
 
 
 def _copy_fields(reader: gguf.GGUFReader, writer: gguf.GGUFWriter, ffn: int) -> None:
@@ -39,12 +38,7 @@ def _copy_fields(reader: gguf.GGUFReader, writer: gguf.GGUFWriter, ffn: int) -> 
         if name.endswith(".feed_forward_length"):
             writer.add_uint32(name, ffn)
             continue
-        vtype = gguf.GGUFValueType(f.types[0])
-        if vtype == gguf.GGUFValueType.ARRAY:
-            sub = gguf.GGUFValueType(f.types[-1])
-            writer.add_key_value(name, f.contents(), vtype, sub_type=sub)
-        else:
-            writer.add_key_value(name, f.contents(), vtype)
+        copy_field(writer, name, f)
     writer.add_file_type(1)  # MOSTLY_F16
 
 
@@ -64,7 +58,7 @@ def _padded(name: str, data: np.ndarray, ffn: int) -> np.ndarray:
 def write_padded_f16(src: Path, dst: Path, ffn: int = PADDED_FFN) -> Path:
     """`src` dequantized, its FFNs padded to `ffn` rows, as an F16 GGUF (norms stay F32)."""
     reader = gguf.GGUFReader(src)
-    tmp = dst.with_name(dst.name + f".{os.getpid()}.tmp")
+    tmp = temporary(dst)
     writer = gguf.GGUFWriter(tmp, "llama")
     _copy_fields(reader, writer, ffn)
     for t in tqdm(reader.tensors, desc="padding SmolLM2", unit="tensor", file=sys.stderr):
@@ -72,28 +66,7 @@ def write_padded_f16(src: Path, dst: Path, ffn: int = PADDED_FFN) -> Path:
         data = _padded(t.name, data, ffn)
         data = data.astype(np.float16) if data.ndim == 2 else data
         writer.add_tensor(t.name, data, raw_dtype=T.F16 if data.ndim == 2 else T.F32)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file(progress=False)
-    writer.close()
-    tmp.replace(dst)
-    return dst
-
-
-def quantize_q4_0(src: Path, dst: Path, threads: int) -> Path:
-    """llama.cpp's quantizer (llama-cpp-python's llama_model_quantize, as llama-quantize)."""
-    import llama_cpp
-
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = Q4_0_FTYPE
-    params.nthread = threads
-    tmp = dst.with_name(dst.name + f".{os.getpid()}.tmp")
-    rc = llama_cpp.llama_model_quantize(str(src).encode(), str(tmp).encode(), ctypes.byref(params))
-    if rc != 0:
-        tmp.unlink(missing_ok=True)
-        raise RuntimeError(f"llama_model_quantize({src} -> Q4_0) failed with {rc}")
-    tmp.replace(dst)
-    return dst
+    return finish(writer, tmp, dst)
 
 
 def speed_model(threads: int = 2, cache: Path = CACHE, keep_f16: bool = False) -> Path:
@@ -108,7 +81,7 @@ def speed_model(threads: int = 2, cache: Path = CACHE, keep_f16: bool = False) -
     if not f16.is_file():
         write_padded_f16(Path(default_model_path()), f16)
     print(f"# llama.cpp quantizes {f16.name} -> Q4_0", file=sys.stderr, flush=True)
-    quantize_q4_0(f16, dst, threads)
+    quantize(f16, dst, "Q4_0", threads)
     if not keep_f16:
         f16.unlink()
     return dst
