@@ -49,8 +49,15 @@ def phases(recs: list[dict]) -> None:
     rows["loop-not-execute"] = [r["dt"] - r["ph"]["execute"] for r in stepped]
     rows["iteration"] = [r["dt"] for r in stepped]
     rows["cpu"] = [r["cpu"] for r in stepped]
+    # The compute threads' CPU between two steps (spinning while the loop talks to Redis).
+    rows["side-cpu-outside"] = [r["kout"] for r in stepped if "kout" in r]
+    rows["others-cpu-in-step"] = [r["oth"] for r in stepped if "oth" in r]
     for n, xs in rows.items():
-        print(f"{n:<22}{len(xs):>6} {pct(xs)}")
+        if xs:
+            print(f"{n:<22}{len(xs):>6} {pct(xs)}")
+    if rows["side-cpu-outside"]:
+        side, outside = sum(rows["side-cpu-outside"]), sum(rows["loop-not-execute"])
+        print(f"# side threads' CPU outside the steps: {side * 1e3:.1f} ms in all, {side / len(rows['side-cpu-outside']) * 1e3:.3f} ms a step, {side / outside:.1%} of the loop's time outside them")  # fmt: skip
     tokens = sum(len(r.get("out", [])) for r in recs)
     rts = sum(r.get("rt", 0) for r in recs)
     by_phase: dict[str, int] = defaultdict(int)
@@ -58,6 +65,15 @@ def phases(recs: list[dict]) -> None:
         for k, v in r.get("rtp", {}).items():
             by_phase[k] += v
     print("# round trips by phase: " + ", ".join(f"{k} {v}" for k, v in sorted(by_phase.items())))
+    # Between two steps: every round trip but the step's own publish and those sent while the
+    # step ran (under the step's phases, or "side": the job poll sent with the step).
+    during = ("publish", "execute", "side")
+    between = [
+        sum(v for k, v in r.get("rtp", {}).items() if k not in during and not k.startswith("e-"))
+        for r in stepped
+    ]
+    if between:
+        print(f"# round trips between steps: {sum(between) / len(between):.2f} a step; steps with none: {sum(b == 0 for b in between) / len(between):.1%}")  # fmt: skip
     gcs = [r for r in recs if r.get("gc")]
     print(f"# Redis round trips: {rts} for {tokens} tokens ({rts / max(tokens, 1):.2f} per token)")
     gens = defaultdict(int)
@@ -108,6 +124,70 @@ def by_position(title: str, by_pos: dict[int, list[float]]) -> None:
     print(f"# without gap 1: p50 {np.percentile(without_first, 50) * 1e3:.2f} ms, p99 {np.percentile(without_first, 99) * 1e3:.2f} ms")  # fmt: skip
 
 
+def deliveries(recs: list[dict], path: Path) -> list[dict]:
+    """Each client token lined up with the worker's publish of it (serve.py keeps each
+    request's perf_counter() start, the CLOCK_MONOTONIC of the trace's `t` and `pt`): per
+    gap (token i-1 -> i of a request) the client's gap, the worker's (publish end to publish
+    end), the step's model time and the record of the iteration that published token i."""
+    published: dict[tuple[str, int], tuple[float, dict]] = {}
+    for r in recs:
+        for rid, idx in r.get("out", []):
+            published[(rid, idx)] = (r.get("pt", r["t"] + r["dt"]), r)
+    rids = {rid for rid, _ in published}
+    doc = json.loads(path.read_text())
+    gaps = []
+    for res in doc["results"].values():
+        runs = res.values() if "requests" not in res else [res]
+        for run in runs:
+            for req in run["requests"]:
+                rid, itl = req.get("request_id", ""), req.get("itl", [])
+                if rid not in rids or "t_start" not in req or req["chunks"] != req["output_tokens"]:
+                    continue  # another server's request, or chunks of several tokens
+                c = req["t_start"] + req["ttft"]
+                for i, g in enumerate(itl, start=1):
+                    c += g
+                    if (rid, i) in published and (rid, i - 1) in published:
+                        (p1, rec), (p0, _) = published[(rid, i)], published[(rid, i - 1)]
+                        model = rec.get("ph", {}).get("execute", 0.0)
+                        gaps.append({"req": rid, "i": i, "client": g, "worker": p1 - p0, "lag": c - p1, "model": model, "rec": rec})  # fmt: skip
+    return gaps
+
+
+def slow_gaps(gaps: list[dict], factor: float = 1.5) -> None:
+    """The client's slow gaps (over `factor` x its median), each split into what the worker's
+    gap added (a late or slow step) and what the delivery added (Redis -> gateway -> client)."""
+    if not gaps:
+        print("# no client gap lines up with the trace (run serve.py with --client raw)")
+        return
+    cl = np.array([g["client"] for g in gaps])
+    wk = np.array([g["worker"] for g in gaps])
+    md = np.array([g["model"] for g in gaps])
+    lag = np.array([g["lag"] for g in gaps])
+    med_c, med_w, med_m = np.median(cl), np.median(wk), np.median(md)
+    reqs = len({g["req"] for g in gaps})
+    slow = [g for g in gaps if g["client"] > factor * med_c]
+    print(f"# delivery lag (client receipt - publish end) ms: {pct(list(lag))} (p50 p90 p99 max)")
+    print(f"# {len(gaps)} gaps of {reqs} requests lined up; medians client {med_c * 1e3:.2f}, worker {med_w * 1e3:.2f}, model step {med_m * 1e3:.2f} ms")  # fmt: skip
+    print(f"# client gaps > {factor}x median: {len(slow)} ({len(slow) / reqs:.2f} per request); worker gaps > {factor}x median: {int((wk > factor * med_w).sum())}; model steps > {factor}x median: {int((md > factor * med_m).sum())}")  # fmt: skip
+    out_c = np.array([g["worker"] - g["model"] for g in gaps])
+    print(f"# worker gap outside the model step ms: {pct(list(out_c))}")
+    kinds: dict[str, int] = defaultdict(int)
+    for g in slow:
+        extra = g["client"] - med_c
+        w_extra, m_extra = g["worker"] - med_w, g["model"] - med_m
+        if w_extra < extra / 2:
+            kinds["delivery (lag grew)"] += 1
+        elif m_extra >= w_extra / 2:
+            kinds["model step slow"] += 1
+        else:
+            kinds["worker outside the step"] += 1
+    print("# slow client gaps by what added most: " + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())))  # fmt: skip
+    print(f"{'req':>10} {'i':>3} {'client':>7} {'worker':>7} {'model':>7} {'lag':>6}  phases of the publishing iteration (ms), rt")  # fmt: skip
+    for g in sorted(slow, key=lambda g: -g["client"])[:20]:
+        ph = " ".join(f"{k}={v * 1e3:.1f}" for k, v in g["rec"].get("ph", {}).items() if v > 5e-4)
+        print(f"{g['req'][-10:]:>10} {g['i']:>3} {g['client'] * 1e3:7.1f} {g['worker'] * 1e3:7.1f} {g['model'] * 1e3:7.1f} {g['lag'] * 1e3:6.1f}  {ph} rt={g['rec'].get('rt', 0)}")  # fmt: skip
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("folder", type=Path, help="the SYSHAX_LOOP_TRACE folder")
@@ -118,6 +198,7 @@ def main() -> None:
     by_position("worker-side gaps (publish ends)", worker_gaps(recs))
     if args.serve_json:
         by_position("client-side ITL", client_gaps(args.serve_json))
+        slow_gaps(deliveries(recs, args.serve_json))
 
 
 if __name__ == "__main__":

@@ -430,7 +430,9 @@ def main(argv: list[str] | None = None) -> None:
     date = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
     doc: dict[str, Any] = {"date": date, "machine": machine(), "command": shlex.join(["python", *sys.argv])}  # fmt: skip
     doc["config"] = {k: str(v) if isinstance(v, Path) or v == float("inf") else v for k, v in vars(args).items() if k != "api_key"}  # fmt: skip
-    drop = {"t_start", "t_last"}  # perf_counter() stamps: meaningless outside this run
+    # t_start is kept: perf_counter() is CLOCK_MONOTONIC, the clock of the worker's loop trace
+    # (bench/loop_trace.py --serve-json lines each token's delivery up with its publish).
+    drop = {"t_last"}
     if args.concurrency_list:
         info: dict[str, Any] = {}
         levels = sweep(args, prompts, arrivals, warm, info)

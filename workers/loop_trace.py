@@ -10,11 +10,13 @@ A record: `t` (monotonic start), `dt` (the whole iteration), `ph` (phase -> seco
 take, accept, execute, publish, update (it includes publish and place), place, timers, beat,
 claim, sweep; inside the native engine's step: e-schedule, e-run (the model and sampling),
 e-forward (the model alone), e-update, e-observe), `rt` (Redis commands sent: a pipeline counts
-once; `rtp`: by phase), `gc` (seconds the collector ran), `gcg` (the generations collected),
-`cpu` (the loop thread's CPU seconds), `flt` (the process's minor page faults), `out`
+once; `rtp`: by phase, "side" for another thread's), `gc` (seconds the collector ran), `gcg`
+(the generations collected), `cpu` (the loop thread's CPU seconds), `flt` (the process's minor page faults), `out`
 ([request id, token index] of each token the step published) and `pt` (monotonic time its
-publish ended). With SYSHAX_LOOP_TRACE_OTHERS=1 also `oth`: the CPU seconds the farm's other
-processes (this worker's parent and siblings) took while the step ran.
+publish ended), `kout` (the CPU seconds this process's other threads, the native step's
+compute threads, took between the previous step's end and this one's start: spinning while the
+loop talks to Redis). With SYSHAX_LOOP_TRACE_OTHERS=1 also `oth`: the CPU seconds the farm's
+other processes (this worker's parent and siblings) took while the step ran.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import gc
 import json
 import os
 import resource
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -39,6 +42,7 @@ class LoopTrace:
         self.records: list[dict[str, Any]] = []
         self.cur: dict[str, Any] = {}
         self.stack: list[str] = []  # the phases running now, innermost last
+        self.loop_thread = threading.get_ident()  # the thread that runs the loop
         self._gc_start = 0.0
 
     # ---- what the wrappers feed ---------------------------------------------------------
@@ -63,6 +67,8 @@ class LoopTrace:
             self.cur["rt"] = self.cur.get("rt", 0) + 1
             by = self.cur.setdefault("rtp", {})  # by the innermost phase running
             where = self.stack[-1] if self.stack else "other"
+            if threading.get_ident() != self.loop_thread:
+                where = "side"  # another thread's (the job poll sent with the step)
             by[where] = by.get(where, 0) + 1
             return fn(*args, **kwargs)
 
@@ -78,6 +84,7 @@ class LoopTrace:
     def iteration(self, fn):
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
+            self.loop_thread = threading.get_ident()
             self.cur = {"t": time.monotonic()}
             f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             c0, t0 = time.thread_time(), time.perf_counter()
@@ -133,6 +140,30 @@ class Others:
         return total
 
 
+class SideThreads:
+    """This process's threads other than the caller's (the kernels' OpenMP threads, Redis or
+    metrics helpers), their CPU time from schedstat; the list is read again when it changes."""
+
+    def __init__(self) -> None:
+        self.me = str(threading.get_native_id())
+        self.files: list[str] = []
+        self._tasks: list[str] = []
+
+    def cpu_ns(self) -> int:
+        tasks = os.listdir("/proc/self/task")
+        if tasks != self._tasks:
+            self._tasks = tasks
+            self.files = [f"/proc/self/task/{t}/schedstat" for t in tasks if t != self.me]
+        total = 0
+        for f in self.files:
+            try:
+                with open(f) as fh:
+                    total += int(fh.read().split()[0])
+            except OSError:
+                pass
+        return total
+
+
 def install(worker) -> LoopTrace | None:
     """Trace `worker` (workers/worker.py's Worker) when SYSHAX_LOOP_TRACE is set."""
     folder = env.loop_trace_dir()
@@ -178,6 +209,20 @@ def install(worker) -> LoopTrace | None:
             trace.cur["pt"] = time.monotonic()  # the step's tokens are out
 
     w._publish = _publish
+    # The side threads' CPU outside the model step: from one step's end to the next's start.
+    side, ended = SideThreads(), [None]
+    run_step = w._execute
+
+    def _execute():
+        now = side.cpu_ns()
+        if ended[0] is not None:
+            trace.cur["kout"] = (now - ended[0]) / 1e9
+        try:
+            return run_step()
+        finally:
+            ended[0] = side.cpu_ns()
+
+    w._execute = _execute
     if env.loop_trace_others():
         # The CPU the farm's other processes (this worker's parent and siblings: the bench
         # client, Redis, the gateway, other workers) take while the step runs: on shared cores
