@@ -39,6 +39,7 @@ from .farm_view import FarmView
 from .forks import Forks
 from .handoff import Handoff
 from .intake import Intake
+from .job_prefetch import JobPrefetch
 from .metrics import WorkerMetrics
 from .streams import Streams
 from .upkeep import Upkeep, load_fields
@@ -78,6 +79,8 @@ class Worker:
         self.draining = False
         self._last_poll = self._batch_polled = 0.0
         self.cadence = TokenCadence()
+        # The poll for new work sent during the step, not before it (Redis streams only).
+        self.prefetch = JobPrefetch() if self.streams.jobs.amqp is None else None
         # The collaborators: each given exactly what it needs, none given the Worker whole
         # (the upkeep sees it through `upkeep.KeptWorker`).
         self.farm = FarmView(r, keys, self.heartbeat, self.load_fields, self.streams.jobs)
@@ -116,6 +119,7 @@ class Worker:
                 self.upkeep.on_timers(time.monotonic(), early=True)
                 self.handoff.look_ahead()
                 kv_prefault.ahead(self.engine)  # the next blocks' page faults, out of the steps
+            self._prefetch_jobs()
             self._step()
         else:
             self.cadence.idle()
@@ -135,14 +139,33 @@ class Worker:
         self._start_backlog()
         self._expire()
 
+    def _prefetch_jobs(self) -> None:
+        """Right before a step: the next poll of the interactive streams, sent to run during
+        the step (job_prefetch.py); `_take` picks its entries up."""
+        now, free, streams = time.monotonic(), self.free_slots(), self.streams
+        if self.prefetch and not self.draining and free > 0 and now - self._last_poll >= POLL_INTERVAL_S:  # fmt: skip
+            self._last_poll = now
+            queues = [streams.work]
+            if streams.batch is not None and now - self._batch_polled >= BATCH_POLL_S:
+                self._batch_polled = now  # batch work too when the interactive gave none
+                queues.append(streams.batch)
+            self.prefetch.start(free, queues)
+
     def _take(self, free: int, idle: bool) -> list[Entry]:
         """Interactive work first; batch work only with slots to spare; block only when idle."""
         now = time.monotonic()
-        if not idle and now - self._last_poll < POLL_INTERVAL_S:
-            return []
-        self._last_poll = now
         streams = self.streams
-        entries = streams.work.read(free, None)
+        # While the engine has work the poll goes out with the step (`_prefetch_jobs`): what
+        # the last one read, if any, is taken here, where the direct read was.
+        entries = self.prefetch.collect() if self.prefetch else None
+        if entries is None:
+            if not idle and now - self._last_poll < POLL_INTERVAL_S:
+                return []
+            if self.prefetch and not idle:
+                entries = []  # the next poll goes out with this step
+            else:
+                self._last_poll = now
+                entries = streams.work.read(free, None)
         # Batch work waits for slots anyway: while streams run, its stream is read at most
         # every BATCH_POLL_S, not on every step (a second round trip between two tokens).
         batch_due = idle or now - self._batch_polled >= BATCH_POLL_S
@@ -387,6 +410,8 @@ class Worker:
         """SIGTERM: take no new work, finish what runs (up to `timeout`), hand back the rest."""
         self.draining = True
         self.streams.jobs.stop_pushes()  # RabbitMQ's pushed jobs to the other workers now
+        if self.prefetch:  # what the last step's poll read goes back for another worker
+            self.prefetch.give_back(self.streams.work)
         end = time.monotonic() + timeout
         while (self.jobs or self.engine.has_unfinished()) and time.monotonic() < end:
             self.iterate()

@@ -1,0 +1,77 @@
+"""The worker's poll for new jobs runs during the step (workers/job_prefetch.py): a job queued
+while a stream decodes is read by the read sent before the next step, accepted at the schedule
+after it, and nothing is read twice or lost; a draining worker puts back what that read got."""
+
+from __future__ import annotations
+
+import time
+
+import redis
+from syshax.broker.dispatcher import Dispatcher
+from syshax.broker.farm_io import queue_jobs
+from syshax.broker.keys import KEYS
+from syshax.broker.schemas import PrefillJob
+from syshax.shared.sampling import SamplingParams
+from syshax.workers.echo_engine import EchoEngine
+from syshax.workers.worker import POLL_INTERVAL_S, Worker, WorkerOptions
+
+
+def _submit(r: redis.Redis, rid: str, tokens: int) -> None:
+    params = SamplingParams(max_tokens=tokens, temperature=0.0).to_dict()
+    now = time.time()
+    job = PrefillJob(request_id=rid, prompt_ids=[5, 6, 7], params=params, created=now, deadline=now + 60)  # fmt: skip
+    queue_jobs(r, KEYS.prefill_stream, [job])
+
+
+def _worker(redis_url: str) -> Worker:
+    opts = WorkerOptions(worker_id="w0", roles=frozenset({"prefill", "decode"}), device_class="cpu")  # fmt: skip
+    return Worker(EchoEngine(max_num_seqs=4), redis.Redis.from_url(redis_url), opts, Dispatcher())  # fmt: skip
+
+
+def _pending(r: redis.Redis) -> int:
+    return r.xpending(KEYS.prefill_stream, KEYS.prefill_group)["pending"]
+
+
+def test_a_job_queued_mid_stream_is_read_during_a_step_and_started_after_it(redis_url):
+    r = redis.Redis.from_url(redis_url)
+    w = _worker(redis_url)
+    _submit(r, "a", 16)
+    w.iterate()  # idle: the blocking read takes "a", whose prefill runs
+    assert "a" in w.jobs and w.engine.num_running == 1
+    assert not w.prefetch.collect(), "a poll sent with the prefill (a slow host) found nothing"
+    _submit(r, "b", 4)
+    time.sleep(POLL_INTERVAL_S)
+    w.iterate()  # "b" is read during this step, by the read sent right before it...
+    assert "b" not in w.jobs and w.prefetch.in_flight
+    assert _pending(r) == 2, "read: pending under this worker, as a direct read leaves it"
+    w.iterate()  # ...and accepted at the next schedule, where the direct read was
+    assert "b" in w.jobs
+    while w.engine.has_unfinished():
+        w.iterate()
+    for rid, n in (("a", 16), ("b", 4)):
+        events = w.publisher.delivered(rid)
+        assert [e.seq for e in events] == list(range(n)), rid
+    assert _pending(r) == 0 and r.xlen(KEYS.prefill_stream) == 0, "each acked once"
+
+
+def test_a_draining_worker_puts_back_what_the_step_s_read_got(redis_url):
+    r = redis.Redis.from_url(redis_url)
+    w = _worker(redis_url)
+    _submit(r, "a", 4)
+    w.iterate()
+    assert not w.prefetch.collect()
+    _submit(r, "b", 4)
+    time.sleep(POLL_INTERVAL_S)
+    w._prefetch_jobs()
+    assert w.prefetch.in_flight
+    deadline = time.monotonic() + 5
+    while _pending(r) < 2 and time.monotonic() < deadline:  # "b" read, not yet taken
+        time.sleep(0.01)
+    w.drain(timeout=5)
+    assert "b" not in w.jobs and w.publisher.delivered("b") == []
+    assert [e.seq for e in w.publisher.delivered("a")] == [0, 1, 2, 3]
+    # "b" is back on its stream, unread, for another worker; nothing is left pending.
+    assert _pending(r) == 0
+    other = _worker(redis_url)
+    taken = other._take(other.free_slots(), idle=True)
+    assert len(taken) == 1 and PrefillJob.unpack(taken[0].data).request_id == "b"
