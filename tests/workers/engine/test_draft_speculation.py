@@ -18,14 +18,10 @@ from syshax.workers.engine.sequence import Sequence
 from syshax.workers.engine.spec_verify import verify
 from syshax.workers.engine.speculative import SpecConfig
 
+from .spec_engines import CHI2_5DF_P001, PROMPT, chi2, generated, spec_engine
+
 TOY_P = torch.tensor([0.40, 0.25, 0.15, 0.10, 0.06, 0.04])
 TOY_Q = torch.tensor([0.10, 0.30, 0.05, 0.25, 0.20, 0.10])  # far from p, nowhere zero
-CHI2_5DF_P001 = 20.515  # 5 degrees of freedom, p = 0.001
-
-
-def _chi2(counts: torch.Tensor, probs: torch.Tensor) -> float:
-    expected = probs * counts.sum()
-    return float(((counts - expected) ** 2 / expected).sum())
 
 
 def test_rejection_sampling_with_a_draft_distribution_keeps_the_target_distribution():
@@ -41,7 +37,7 @@ def test_rejection_sampling_with_a_draft_distribution_keeps_the_target_distribut
         out = verify(rows, seq, [d], q=TOY_Q[None])
         counts[out.tokens[0]] += 1
         accepted += len(out.tokens) == 2
-    assert _chi2(counts, TOY_P) < CHI2_5DF_P001, counts
+    assert chi2(counts, TOY_P) < CHI2_5DF_P001, counts
     assert abs(accepted / n - float(torch.minimum(TOY_P, TOY_Q).sum())) < 0.04
 
 
@@ -57,7 +53,7 @@ def test_the_chi_square_test_catches_a_rule_that_redraws_from_p_on_rejection():
             counts[d] += 1
         else:
             counts[int(torch.multinomial(TOY_P, 1, generator=gen))] += 1
-    assert _chi2(counts, TOY_P) > CHI2_5DF_P001
+    assert chi2(counts, TOY_P) > CHI2_5DF_P001
 
 
 def test_the_config_needs_a_draft_model_path():
@@ -136,24 +132,10 @@ def test_the_scheduler_batches_a_drafter_and_keeps_a_sampled_drafts_refused_toke
 
 # ---- whole engines on tiny models ------------------------------------------------------------
 
-PROMPT = [5, 17, 99, 3, 250, 42, 7, 300, 11]
-
 
 def _engine(folder, draft=None, **kw) -> Engine:
     spec = SpecConfig(method="draft", num_tokens=4, draft_model=str(draft)) if draft else None
-    return Engine(
-        folder,
-        max_model_len=128,
-        max_num_seqs=4,
-        load_tokenizer=False,
-        progress=False,
-        speculative=spec,
-        **kw,
-    )
-
-
-def _tokens(engine: Engine, params: SamplingParams, rid: str = "g") -> list[int]:
-    return [o.token_id for o in engine.generate(PROMPT, params, request_id=rid)]
+    return spec_engine(folder, spec, **kw)
 
 
 def _flat_costs(engine: Engine) -> None:
@@ -195,15 +177,15 @@ def test_greedy_with_a_draft_model_gives_the_plain_tokens(tiny_models, weak_draf
     some are rejected and the draft's KV is rolled back."""
     folder, _ = tiny_models["llama"]
     greedy = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
-    plain = _tokens(_engine(folder, op_mode=op_mode), greedy)
+    plain = generated(_engine(folder, op_mode=op_mode), greedy)
     same = _engine(folder, folder, op_mode=op_mode)
     _flat_costs(same)
-    assert _tokens(same, greedy) == plain
+    assert generated(same, greedy) == plain
     assert same.stats.spec.accepted == same.stats.spec.proposed > 20
     _no_leaks(same)
     weak = _engine(folder, weak_draft, op_mode=op_mode)
     _flat_costs(weak)
-    assert _tokens(weak, greedy) == plain
+    assert generated(weak, greedy) == plain
     assert 0 < weak.stats.spec.accepted < weak.stats.spec.proposed
     _no_leaks(weak)
 
@@ -256,7 +238,7 @@ def test_a_handed_off_sequence_prefills_the_draft_and_speculates_on(tiny_models,
     folder, _ = tiny_models["llama"]
     draft = weak_draft
     greedy = SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)
-    plain = _tokens(_engine(folder, op_mode="fused"), greedy)
+    plain = generated(_engine(folder, op_mode="fused"), greedy)
     src = _engine(folder, draft, op_mode="fused")
     _flat_costs(src)
     src.add_request("h", PROMPT, greedy)
@@ -283,8 +265,8 @@ def test_sampling_with_a_draft_model_repeats_itself_by_seed(tiny_models):
     params = SamplingParams(max_tokens=30, temperature=0.9, seed=11, ignore_eos=True)
     spec = _engine(folder, folder, op_mode="fused")
     _flat_costs(spec)
-    first = _tokens(spec, params, "a")
-    assert _tokens(spec, params, "b") == first
+    first = generated(spec, params, "a")
+    assert generated(spec, params, "b") == first
     assert spec.stats.spec.accepted > 0 and len(first) == 30
     _no_leaks(spec)
 

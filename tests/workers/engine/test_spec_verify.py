@@ -14,19 +14,13 @@ from syshax.workers.engine.sequence import Sequence
 from syshax.workers.engine.spec_verify import sample_step, verify
 from syshax.workers.engine.speculative import SpecConfig
 
+from .spec_engines import CHI2_5DF_P001, PROMPT, chi2, generated, spec_engine
+
 TOY = torch.tensor([0.40, 0.25, 0.15, 0.10, 0.06, 0.04])
-# chi-square critical value for 5 degrees of freedom at p = 0.001: a correct sampler fails
-# one run in a thousand; a sampler that ignored the rejection rule fails every time.
-CHI2_5DF_P001 = 20.515
 
 
 def _seq(params: SamplingParams, output_ids=()) -> Sequence:
     return Sequence("r", [1, 2, 3], params, output_ids=list(output_ids))
-
-
-def _chi2(counts: torch.Tensor, probs: torch.Tensor) -> float:
-    expected = probs * counts.sum()
-    return float(((counts - expected) ** 2 / expected).sum())
 
 
 @pytest.mark.parametrize("proposed", [0, 3, 5])
@@ -40,13 +34,13 @@ def test_rejection_sampling_keeps_the_target_distribution(proposed):
         out = verify(rows, _seq(SamplingParams(temperature=1.0, seed=seed)), [proposed])
         counts[out.tokens[0]] += 1
         assert (out.tokens[0] == proposed) == (len(out.tokens) == 2)  # accepted: one more
-    assert _chi2(counts, TOY) < CHI2_5DF_P001, counts
+    assert chi2(counts, TOY) < CHI2_5DF_P001, counts
 
 
 def test_the_chi_square_test_catches_a_sampler_that_always_accepts():
     biased = torch.zeros(len(TOY))
     biased[3] = 1000  # what "accept every draft" would emit for proposal 3
-    assert _chi2(biased, TOY) > CHI2_5DF_P001
+    assert chi2(biased, TOY) > CHI2_5DF_P001
 
 
 def test_greedy_verification_takes_the_agreeing_prefix_then_the_targets_token():
@@ -82,19 +76,9 @@ def test_a_step_mixes_plain_chunks_and_drafts_in_order():
 
 # ---- whole engines ----------------------------------------------------------------------------
 
-PROMPT = [5, 17, 99, 3, 250, 42, 7, 300, 11]
-
 
 def _engine(folder, spec: bool, **kw) -> Engine:
-    return Engine(
-        folder,
-        max_model_len=128,
-        max_num_seqs=4,
-        load_tokenizer=False,
-        progress=False,
-        speculative=SpecConfig(method="ngram", num_tokens=4) if spec else None,
-        **kw,
-    )
+    return spec_engine(folder, SpecConfig(method="ngram", num_tokens=4) if spec else None, **kw)
 
 
 def _oracle(engine: Engine, expected: list[int]) -> None:
@@ -112,18 +96,14 @@ def _oracle(engine: Engine, expected: list[int]) -> None:
     engine.scheduler.spec.step_cost = lambda rows: 1.0  # rows priced flat: k stays at its most
 
 
-def _tokens(engine: Engine, params: SamplingParams, rid: str = "g") -> list[int]:
-    return [o.token_id for o in engine.generate(PROMPT, params, request_id=rid)]
-
-
 @pytest.mark.parametrize("op_mode", [None, "fused"])
 def test_greedy_with_speculation_gives_the_plain_tokens(tiny_models, op_mode):
     folder, _ = tiny_models["llama"]
     greedy = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
-    plain = _tokens(_engine(folder, False, op_mode=op_mode), greedy)
+    plain = generated(_engine(folder, False, op_mode=op_mode), greedy)
     spec = _engine(folder, True, op_mode=op_mode)
     _oracle(spec, PROMPT + plain)
-    assert _tokens(spec, greedy) == plain
+    assert generated(spec, greedy) == plain
     counts = spec.stats.spec
     assert 0 < counts.accepted < counts.proposed and counts.tokens_per_step > 1.2
     assert spec.scheduler.blocks.num_free == spec.scheduler.blocks.num_blocks  # no leak
@@ -135,16 +115,16 @@ def test_penalties_with_speculation_give_the_plain_tokens(tiny_models, op_mode):
     params = SamplingParams(
         max_tokens=30, temperature=0, ignore_eos=True, frequency_penalty=0.7, logit_bias={"9": 3}
     )
-    plain = _tokens(_engine(folder, False, op_mode=op_mode), params)
+    plain = generated(_engine(folder, False, op_mode=op_mode), params)
     spec = _engine(folder, True, op_mode=op_mode)
     _oracle(spec, PROMPT + plain)
-    assert _tokens(spec, params) == plain and spec.stats.spec.accepted > 0
+    assert generated(spec, params) == plain and spec.stats.spec.accepted > 0
 
 
 def test_a_handed_off_sequence_speculates_on_to_the_plain_tokens(tiny_models):
     folder, _ = tiny_models["llama"]
     greedy = SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)
-    plain = _tokens(_engine(folder, False, op_mode="fused"), greedy)
+    plain = generated(_engine(folder, False, op_mode="fused"), greedy)
     src = _engine(folder, True, op_mode="fused")
     _oracle(src, PROMPT + plain)
     src.add_request("h", PROMPT, greedy)
