@@ -15,15 +15,22 @@ from syshax.workers.echo_engine import EchoEngine
 from syshax.workers.worker import Worker, WorkerOptions
 
 
+def _worker(redis_url: str, **options) -> tuple[redis.Redis, Worker]:
+    """A client to read heartbeats with, and an echo worker "cpu0" that decodes on the CPU
+    class, its regular heartbeat every 10 s, with `options` (WorkerOptions' fields)."""
+    opts = WorkerOptions(worker_id="cpu0", roles=frozenset({"decode"}), device_class="cpu", heartbeat_s=10.0, **options)  # fmt: skip
+    w = Worker(EchoEngine(max_num_seqs=4), redis.Redis.from_url(redis_url), opts, Dispatcher())
+    return redis.Redis.from_url(redis_url), w
+
+
 def _held(r: redis.Redis) -> int | None:
     h = r.hgetall(KEYS.worker("cpu0"))
     return int(h[b"running"]) + int(h[b"waiting"]) if h else None
 
 
 def test_a_change_in_held_slots_is_beaten_within_load_beat_s(redis_url):
-    r = redis.Redis.from_url(redis_url)
-    opts = WorkerOptions(worker_id="cpu0", roles=frozenset({"decode"}), device_class="cpu", heartbeat_s=10.0)  # fmt: skip
-    w = Worker(EchoEngine(max_num_seqs=4), redis.Redis.from_url(redis_url), opts, Dispatcher())
+    r, w = _worker(redis_url)
+    opts = w.opts
     t = 1000.0
     w.upkeep.on_timers(t)  # the first beat is due at once
     assert _held(r) == 0
@@ -44,9 +51,8 @@ def test_before_a_prompt_only_step_the_timers_run_early(redis_url):
     runs now, so it does not land between a new stream's first token and its second; a
     changed load stays rate-limited (an early beat would count the prompts about to be
     prefilled, and the dispatcher would read this worker as full right after the step)."""
-    r = redis.Redis.from_url(redis_url)
-    opts = WorkerOptions(worker_id="cpu0", roles=frozenset({"decode"}), device_class="cpu", heartbeat_s=10.0, claim_s=4.0)  # fmt: skip
-    w = Worker(EchoEngine(max_num_seqs=4), redis.Redis.from_url(redis_url), opts, Dispatcher())
+    r, w = _worker(redis_url, claim_s=4.0)
+    opts = w.opts
     claims: list[float] = []
     w.upkeep.claim = lambda: claims.append(t)
     t = 1000.0
@@ -70,9 +76,8 @@ def test_before_a_prompt_only_step_the_timers_run_early(redis_url):
 def test_while_streams_decode_the_timers_wait_up_to_half_their_period(redis_url):
     """Mid-stream a due timer waits (up to half its period) for a step no stream waits on;
     with nothing running it runs when due."""
-    r = redis.Redis.from_url(redis_url)
-    opts = WorkerOptions(worker_id="cpu0", roles=frozenset({"decode"}), device_class="cpu", heartbeat_s=10.0, claim_s=4.0)  # fmt: skip
-    w = Worker(EchoEngine(max_num_seqs=4), redis.Redis.from_url(redis_url), opts, Dispatcher())
+    r, w = _worker(redis_url, claim_s=4.0)
+    opts = w.opts
     claims: list[float] = []
     w.upkeep.claim = lambda: claims.append(t)
     t = 1000.0
