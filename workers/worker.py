@@ -26,11 +26,12 @@ from collections import deque
 import redis
 from syshax.broker.dispatcher import Dispatcher
 from syshax.broker.keys import KEYS, Keys
-from syshax.broker.kv_store import KVStore, KVStoreError
+from syshax.broker.kv_store import KVStore
 from syshax.broker.schemas import TokenEvent
 from syshax.broker.token_publisher import TokenPublisher
 from syshax.broker.worker_io import CancelWatcher, Entry, Heartbeat
 
+from .decode_start import start_decode
 from .engine import kv_prefault
 from .engine.errors import KVIdentityError
 from .engine.outputs import StepOutput, TokenCadence
@@ -41,6 +42,7 @@ from .handoff import Handoff
 from .intake import Intake
 from .job_prefetch import JobPrefetch
 from .metrics import WorkerMetrics
+from .step_events import step_events
 from .streams import Streams
 from .upkeep import Upkeep, load_fields
 from .worker_options import Job, WorkerOptions
@@ -247,29 +249,8 @@ class Worker:
         e = self.engine
         while self.backlog and e.num_running + e.num_waiting < self.decode_slots:
             job = self.backlog.popleft()
-            self._guard(job, lambda job=job: self._start_decode(job))
-
-    def _start_decode(self, job: Job) -> None:
-        msg, rid = job.msg, job.request_id
-        if msg.kv and job.output_ids == list(msg.output_ids):
-            handle = msg.kv
-            try:
-                with self.kv.taken(handle) as blob:  # shared memory: a view, not a copy
-                    self.engine.import_kv(rid, blob, msg.prompt_ids, job.output_ids, job.params)
-                self.metrics.kv_imports.inc()
-                return
-            except KVIdentityError:
-                # Another model's KV (the lease is freed all the same): recomputing would go
-                # on with this model's weights under the other's first tokens. `_guard` fails it.
-                raise
-            except (KVStoreError, ValueError) as exc:
-                log.warning("KV for %s unusable (%s); recomputing from tokens", rid, exc)
-        elif msg.kv:
-            # Reclaimed after more tokens were delivered: the lease is stale; free it now
-            # rather than leave it to the sweeper.
-            self.kv.free(msg.kv.handle_id)
-        self.engine.resume_request(rid, msg.prompt_ids, job.output_ids, job.params)
-        self.metrics.kv_recomputes.inc()
+            # From its KV lease, else recomputed from its tokens (decode_start.py).
+            self._guard(job, lambda job=job: start_decode(e, self.kv, self.metrics, job))
 
     def _guard(self, job: Job, start) -> None:
         """Start a job; a request the engine refuses ends with an error event, not a crash."""
@@ -321,28 +302,7 @@ class Worker:
 
     def _publish(self, outs: list[StepOutput], rows: int | None) -> None:
         """The step's tokens in one pipeline, timed for the heartbeat's cadence model."""
-        dev, wid = self.opts.device, self.opts.worker_id
-        events = []
-        gateways: dict[str, str] = {}  # whose channel gets each request's events
-        for o in outs:
-            job = self.jobs.get(o.request_id)
-            prompt_tokens = len(job.msg.prompt_ids) if job else 0
-            if job is not None:
-                gateways[o.request_id] = job.msg.gateway
-            events.append(
-                TokenEvent(
-                    request_id=o.request_id,
-                    seq=o.index,
-                    token_id=o.token_id,
-                    text=o.text,
-                    logprob=o.logprob,
-                    top_logprobs=o.top_logprobs,
-                    finish_reason=o.finish_reason,
-                    prompt_tokens=prompt_tokens,
-                    worker=wid,
-                    device=dev,
-                )
-            )
+        events, gateways = step_events(outs, self.jobs, self.opts.device, self.opts.worker_id)
         self.publisher.publish(events, gateways)
         self.cadence.published(rows, time.monotonic())
         self.metrics.generation_tokens.inc(len(outs))
