@@ -13,32 +13,22 @@ import uuid
 import pytest
 import redis
 from syshax.broker import choices
-from syshax.broker.dispatcher import Dispatcher
 from syshax.broker.keys import KEYS
 from syshax.broker.kv_store import KVStore
 from syshax.broker.schemas import DecodeJob, PrefillJob, RequestPart, TokenEvent, entry_events
 from syshax.broker.worker_io import WorkQueues
 from syshax.shared.sampling import SamplingParams
-from syshax.workers.echo_engine import EchoEngine
-from syshax.workers.worker import Worker, WorkerOptions
+from syshax.workers.worker import Worker
 
 from ..conftest import wait_for
+from .echo_workers import echo_worker
 
 PROMPT = list(range(100, 140))  # 40 tokens: two full KV blocks of 16 and a partial one
 MAX_TOKENS = 8
 
 
 def _worker(url: str, wid: str, roles: set[str], cls: str, tokenizer=None) -> Worker:
-    opts = WorkerOptions(
-        worker_id=wid,
-        roles=frozenset(roles),
-        device_class=cls,
-        kv_store="redis",
-        block_ms=20,
-        claim_s=0.2,
-    )
-    engine = EchoEngine(tokenizer, max_num_seqs=8)
-    return Worker(engine, redis.Redis.from_url(url), opts, Dispatcher())
+    return echo_worker(url, wid, roles, cls, tokenizer, max_num_seqs=8)
 
 
 def _events(r: redis.Redis, cid: str) -> list[TokenEvent]:

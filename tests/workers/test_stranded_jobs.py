@@ -13,27 +13,13 @@ import time
 import uuid
 
 import redis
-from syshax.broker.dispatcher import Dispatcher
 from syshax.broker.keys import KEYS
 from syshax.broker.kv_store import KVStore
 from syshax.broker.schemas import PrefillJob, TokenEvent
 from syshax.shared.sampling import SamplingParams
-from syshax.workers.echo_engine import EchoEngine
-from syshax.workers.worker import Worker, WorkerOptions
 
 from ..conftest import wait_for
-
-
-def _worker(url: str, wid: str, roles: set[str], cls: str) -> Worker:
-    opts = WorkerOptions(
-        worker_id=wid,
-        roles=frozenset(roles),
-        device_class=cls,
-        kv_store="redis",
-        block_ms=20,
-        claim_s=0.2,
-    )
-    return Worker(EchoEngine(max_num_seqs=4), redis.Redis.from_url(url), opts, Dispatcher())
+from .echo_workers import echo_worker
 
 
 def _events(r: redis.Redis, rid: str) -> list[TokenEvent]:
@@ -43,7 +29,7 @@ def _events(r: redis.Redis, rid: str) -> list[TokenEvent]:
 def test_a_cpu_decoder_takes_jobs_queued_for_an_xpu_class_with_no_decoder(redis_url):
     r = redis.Redis.from_url(redis_url)
     stop = threading.Event()
-    prefill = _worker(redis_url, "xpu", {"prefill"}, "xpu")
+    prefill = echo_worker(redis_url, "xpu", {"prefill"}, "xpu")
     threads = [threading.Thread(target=prefill.serve, args=(stop, 2.0), daemon=True)]
     threads[0].start()
     rid = uuid.uuid4().hex
@@ -56,7 +42,7 @@ def test_a_cpu_decoder_takes_jobs_queued_for_an_xpu_class_with_no_decoder(redis_
         assert wait_for(lambda: r.xlen(KEYS.decode_stream("xpu")) == 1, 10)
         assert [e.seq for e in _events(r, rid)] == [0]
         assert r.lindex(KEYS.dispatch_log, 0).decode().endswith("no CPU decode worker")
-        decoder = _worker(redis_url, "cpu0", {"decode"}, "cpu")
+        decoder = echo_worker(redis_url, "cpu0", {"decode"}, "cpu")
         threads.append(threading.Thread(target=decoder.serve, args=(stop, 2.0), daemon=True))
         threads[1].start()
         assert wait_for(lambda: (_events(r, rid) or [None])[-1].finish_reason is not None, 10)
@@ -78,9 +64,9 @@ def test_a_decoder_leaves_the_other_class_alone_while_it_has_a_live_decoder(redi
     stop = threading.Event()
     # A xpu decoder that is registered and alive but not stepping this stream's jobs
     # (its loop is not running): its heartbeat alone must keep the CPU decoder out.
-    xpu = _worker(redis_url, "gpu0", {"decode"}, "xpu")
+    xpu = echo_worker(redis_url, "gpu0", {"decode"}, "xpu")
     xpu.heartbeat.beat(**xpu.load_fields())
-    cpu = _worker(redis_url, "cpu0", {"decode"}, "cpu")
+    cpu = echo_worker(redis_url, "cpu0", {"decode"}, "cpu")
     thread = threading.Thread(target=cpu.serve, args=(stop, 2.0), daemon=True)
     thread.start()
     try:
@@ -102,8 +88,8 @@ def test_a_job_redis_gave_to_a_dead_connection_with_our_id_is_taken_back(redis_u
     claims it, and the take-back at start has already run. The worker must find it itself."""
     r = redis.Redis.from_url(redis_url)
     stop = threading.Event()
-    decoder = _worker(redis_url, "cpu0", {"decode"}, "cpu")
-    prefill = _worker(redis_url, "xpu", {"prefill"}, "xpu")
+    decoder = echo_worker(redis_url, "cpu0", {"decode"}, "cpu")
+    prefill = echo_worker(redis_url, "xpu", {"prefill"}, "xpu")
     threads = [threading.Thread(target=w.serve, args=(stop, 2.0), daemon=True) for w in (decoder, prefill)]  # fmt: skip
     threads[0].start()
     ghost = redis.Redis.from_url(redis_url).connection_pool.get_connection("XREADGROUP")
