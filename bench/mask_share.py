@@ -20,6 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from serve import PEOPLE_SCHEMA  # noqa: E402 - the schema bench/serve.py --response-format uses
+from structured_cost import add_engine_args, cpu_engine  # noqa: E402 - the same engine
 
 
 class Timed:
@@ -73,19 +74,9 @@ def run(engine, prompt_ids: list[int], streams: int, tokens: int, timers: list[T
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    p.add_argument("--model", default=None, help="GGUF or HF folder (default: the bundled model)")
-    p.add_argument("--streams", default="1,16", help="batch sizes, comma separated")
-    p.add_argument("--tokens", type=int, default=64, help="generated tokens per request")
+    add_engine_args(p)
     args = p.parse_args()
-    from syshax.workers.cpu.options import CpuKernelOptions
-    from syshax.workers.engine.engine import Engine
-    from syshax.workers.engine.loader import resolve_model_path
-
-    levels = [int(x) for x in args.streams.split(",")]
-    path = resolve_model_path(args.model or "default")
-    kernels = CpuKernelOptions().resolved(path, "cpu").engine_kwargs()  # the workers' default
-    engine = Engine(path, max_model_len=1024, max_num_seqs=max(levels), progress=False, **kernels)  # fmt: skip
-    ids = engine.tokenizer.encode_chat([{"role": "user", "content": "List three people as JSON."}])  # fmt: skip
+    engine, levels, ids = cpu_engine(args)
     timers = instrument()
     run(engine, ids, 2, 8, timers)  # warm-up: kernels, the grammar's first compile
     print(f"{'streams':>7} {'steps':>5} {'step ms p50':>11} {'grammar ms p50':>14} {'masks':>7} {'advance':>7} {'apply':>7} {'share':>6}")  # fmt: skip

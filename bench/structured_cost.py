@@ -12,6 +12,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from serve import PEOPLE_SCHEMA  # noqa: E402 - the schema bench/serve.py --response-format uses
@@ -31,13 +32,17 @@ def run(engine, prompt_ids: list[int], streams: int, tokens: int, structured: bo
     return n / (time.perf_counter() - t0)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    """The flags of the structured-output benchmarks (this one, mask_share.py): the model, the
+    stream counts and the tokens per request."""
     p.add_argument("--model", default=None, help="GGUF or HF folder (default: the bundled model)")
     p.add_argument("--streams", default="1,16", help="batch sizes, comma separated")
     p.add_argument("--tokens", type=int, default=64, help="generated tokens per request")
-    p.add_argument("--rounds", type=int, default=3, help="alternating rounds")
-    args = p.parse_args()
+
+
+def cpu_engine(args: argparse.Namespace) -> tuple[Any, list[int], list[int]]:
+    """(the engine as a CPU worker runs it: the workers' default kernels, `args.model`; the
+    stream counts of `args.streams`; the prompt's ids, a request for people as JSON)."""
     from syshax.workers.cpu.options import CpuKernelOptions
     from syshax.workers.engine.engine import Engine
     from syshax.workers.engine.loader import resolve_model_path
@@ -47,6 +52,15 @@ def main() -> None:
     kernels = CpuKernelOptions().resolved(path, "cpu").engine_kwargs()  # the workers' default
     engine = Engine(path, max_model_len=1024, max_num_seqs=max(levels), progress=False, **kernels)  # fmt: skip
     ids = engine.tokenizer.encode_chat([{"role": "user", "content": "List three people as JSON."}])  # fmt: skip
+    return engine, levels, ids
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    add_engine_args(p)
+    p.add_argument("--rounds", type=int, default=3, help="alternating rounds")
+    args = p.parse_args()
+    engine, levels, ids = cpu_engine(args)
     run(engine, ids, 2, 8, True)  # warm-up: kernels, the grammar's first compile
     print(
         f"{'streams':>7} {'free tok/s (rounds)':<30} {'json_schema tok/s (rounds)':<30} {'cost':>6}"
