@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 
 SCAN_ALIGN_MS = 10_000  # a gateway stream is read back from a multiple of this (shared reads)
 SCAN_REUSE_S = 2.0  # a read is extended, not repeated, within this long of the last use
-SCAN_MAX_ROWS = 20_000  # ...and while it holds fewer entries than this
+SCAN_MAX_ENTRIES = 20_000  # ...and while it holds fewer entries than this
 
 
 @dataclass
@@ -165,38 +165,46 @@ class TokenPublisher:
         events = token_log.merge(record, [], request_id)
         if not gateway or not last or token_log.ended(events):
             return events  # no record yet: nothing of it was delivered (its first is written)
-        return token_log.merge(events, self._scan(gateway, token_log.scan_start(last)), request_id)
+        return token_log.merge(
+            events, self._scan(gateway, token_log.scan_start(last), request_id), request_id
+        )
 
-    def _scan(self, gateway: str, start: str) -> list[TokenEvent]:
-        """The events of a gateway's stream from entry id `start`. A dead worker's requests
-        are resumed one after another: the stream is read from `start` rounded down to
-        SCAN_ALIGN_MS, and a read made a moment ago from no later a point is extended rather
-        than repeated, so a wave of resumes reads (and decodes) the stream about once."""
+    def _scan(self, gateway: str, start: str, request_id: str) -> list[TokenEvent]:
+        """The request's events in a gateway's stream from entry id `start`. A dead worker's
+        requests are resumed one after another: the stream is read from `start` rounded down
+        to SCAN_ALIGN_MS, indexed by request, and a read made a moment ago from no later a
+        point is extended rather than repeated, so a wave of resumes reads and decodes the
+        stream about once."""
         now = time.monotonic()
         ms = _id(start)[0]
         base = f"{ms - ms % SCAN_ALIGN_MS}-0"
-        cached = self._scans.get(gateway)
-        fresh = cached is not None and now - cached.at < SCAN_REUSE_S
-        if fresh and _id(cached.start) <= _id(base) and len(cached.rows) < SCAN_MAX_ROWS:
-            rows, first = cached.rows, cached.start
-            begin = _next_id(rows[-1][0]) if rows else first
-        else:
-            rows, first, begin = [], base, base
-        stream = self.keys.gateway_stream(gateway)
-        for entry_id, fields in self.r.xrange(stream, min=begin):
+        scan = self._scans.get(gateway)
+        fresh = scan is not None and now - scan.at < SCAN_REUSE_S
+        if not (fresh and _id(scan.start) <= _id(base) and scan.entries < SCAN_MAX_ENTRIES):
+            scan = _Scan(now, base)
+        begin = _next_id(scan.last) if scan.last else scan.start
+        for entry_id, fields in self.r.xrange(self.keys.gateway_stream(gateway), min=begin):
+            scan.last, scan.entries = _text(entry_id), scan.entries + 1
             try:
-                rows.append((_text(entry_id), entry_events(fields)))
+                events = entry_events(fields)
             except SchemaError as exc:
                 log.warning("gateway stream %s: skipping entry %s: %s", gateway, entry_id, exc)
-        self._scans = {gateway: _Scan(now, first, rows)}  # the latest gateway's only
-        return [ev for entry_id, evs in rows if _id(entry_id) >= _id(start) for ev in evs]
+                continue
+            for ev in events:
+                scan.by_request.setdefault(ev.request_id, []).append((scan.last, ev))
+        scan.at = now
+        self._scans = {gateway: scan}  # the latest gateway's only
+        after = _id(start)
+        return [ev for eid, ev in scan.by_request.get(request_id, ()) if _id(eid) >= after]
 
 
 @dataclass
 class _Scan:
-    at: float  # monotonic time it was read
+    at: float  # monotonic time of its last use
     start: str  # the entry id it starts at
-    rows: list[tuple[str, list[TokenEvent]]]
+    last: str = ""  # the last entry id read
+    entries: int = 0
+    by_request: dict[str, list[tuple[str, TokenEvent]]] = field(default_factory=dict)
 
 
 def _text(value: str | bytes) -> str:
