@@ -44,7 +44,7 @@ import openai
 import redis
 from syshax.broker.keys import DEVICE_CLASSES, KEYS
 from syshax.broker.kv_store import KVStore
-from syshax.broker.schemas import TokenEvent
+from syshax.broker.schemas import entry_events
 from syshax.shared.config import Config
 from syshax.shared.default_model import default_model_path
 from syshax.shared.sampling import SamplingParams
@@ -235,7 +235,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             report["completed" if ok else "failed"] += 1
             if error:
                 report["errors"].append(error[:200])
-            evs = [TokenEvent.unpack(f[b"e"]) for _, f in farm.r.xrange(KEYS.output_stream(rid))]
+            rows = farm.r.xrange(KEYS.output_stream(rid))  # its record (complete: it ended)
+            evs = [ev for _, f in rows for ev in entry_events(f)]
             report["duplicate_stream_events"] += len(evs) - len({e.seq for e in evs})
             report["resumed_requests"] += len({e.worker for e in evs[1:]}) > 1
         end = time.monotonic() + args.heartbeat_ttl + 15

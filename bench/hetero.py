@@ -150,7 +150,7 @@ def read_events(redis_url: str, recs: list[serve.Rec]) -> dict[str, dict[int, st
     """request id -> {seq: device} from each request's output stream."""
     import redis
     from syshax.broker.keys import KEYS
-    from syshax.broker.schemas import TokenEvent
+    from syshax.broker.schemas import entry_events
 
     r, out = redis.Redis.from_url(redis_url), {}
     for rec in recs:
@@ -158,9 +158,9 @@ def read_events(redis_url: str, recs: list[serve.Rec]) -> dict[str, dict[int, st
             continue
         seqs: dict[int, str] = {}
         for _id, fields in r.xrange(KEYS.output_stream(rec.request_id)):
-            ev = TokenEvent.unpack(fields[b"e"])
-            if ev.token_id >= 0:
-                seqs.setdefault(ev.seq, ev.device)
+            for ev in entry_events(fields):  # a record's entry holds every event since the last
+                if ev.token_id >= 0:
+                    seqs.setdefault(ev.seq, ev.device)
         out[rec.request_id] = seqs
     r.close()
     return out
