@@ -28,6 +28,12 @@ from .schemas import TokenEvent
 # so it bounds their work; writers save one XADD per request for every step in it. At 0.5 s
 # the checkpoints were 60% of a real-paced farm's XADDs (20 ms steps, bench/broker_profile.py).
 CHECKPOINT_S = 2.0
+# Steps of an engine that steps faster than this are written together (one entry per gateway
+# for all of them): Redis and the gateway pay per write, not per token, and at the echo
+# engine's ~1 ms steps a write carried ~10 tokens (bench/broker_profile.py). A step with a
+# request's first token or an end is never held. An engine stepping slower (every CPU engine,
+# a GPU on a large batch) is written step by step, as before.
+WRITE_INTERVAL_S = 0.005
 # A gateway stream keeps its entries this long (trimmed by the writers with XADD MINID ~):
 # far longer than any reader scans back (CHECKPOINT_S), and bounded memory. Workers whose clock
 # is more than this ahead of Redis's would trim it early (their MINID is from their own clock).

@@ -1,6 +1,6 @@
 """The worker's writer of token events (sync redis-py); see token_log.py for the layout.
 
-Per engine step, in one pipeline without MULTI (its keys are in many slots) sent in one write:
+Per engine step (steps less than token_log.WRITE_INTERVAL_S apart are written together), in one pipeline without MULTI (its keys are in many slots) sent in one write:
 the records due (a request's first event here, its end, or `CHECKPOINT_S` after its oldest
 event held back), each with every event held for it, then one XADD per gateway with the step's
 events of all its requests. A record's EXPIRE rides on its first and last write (and every
@@ -36,27 +36,54 @@ class _Held:
 
 
 class TokenPublisher:
-    def __init__(self, r: redis.Redis, keys: Keys = KEYS, output_ttl: int = 600):
+    def __init__(
+        self,
+        r: redis.Redis,
+        keys: Keys = KEYS,
+        output_ttl: int = 600,
+        write_interval: float | None = None,
+    ):
         self.r, self.keys, self.output_ttl = r, keys, output_ttl
+        # token_log.WRITE_INTERVAL_S unless given (0: every step written as it comes)
+        self.write_interval = (
+            token_log.WRITE_INTERVAL_S if write_interval is None else write_interval
+        )
         one_write_pipelines(r)  # a step's pipeline reaches Redis in one piece
         self._ttl_set: dict[str, float] = {}  # key -> monotonic time of its last EXPIRE
         self._held: dict[str, _Held] = {}  # request id -> events waiting for its record
         self._next_due = float("inf")  # monotonic time the oldest held events are due
         self._scans: dict[str, _Scan] = {}  # gateway -> its latest scan (delivered)
+        self._steps: tuple[list[TokenEvent], dict[str, str]] | None = None  # held back
+        self._last_write = float("-inf")  # monotonic time of the last step written
 
     def publish(self, events: list[TokenEvent], gateways: dict[str, str] | None = None) -> None:
         """`gateways`: request id -> the id of the gateway that submitted it (from its job);
-        a request without one (a batch job, read from its record) has its record written."""
+        a request without one (a batch job, read from its record) has its record written.
+
+        A step that comes less than WRITE_INTERVAL_S after the last write is held back and
+        goes with the next (or with `flush_due`), unless it has a request's first event or
+        an end: an engine that steps faster than that has its steps written together."""
         if not events:
             return
         gateways = gateways or {}
+        if self._steps is not None:
+            held, held_gateways = self._steps
+            events, gateways = held + events, {**held_gateways, **gateways}
+            self._steps = None
+        now = time.monotonic()
+        if now - self._last_write < self.write_interval and not _urgent(events):
+            self._steps = (events, gateways)
+            return
+        self._write(events, gateways, now)
+
+    def _write(self, events: list[TokenEvent], gateways: dict[str, str], now: float) -> None:
+        self._last_write = now
         by_request: dict[str, list[bytes]] = {}
         ended: set[str] = set()
         for ev in events:
             by_request.setdefault(ev.request_id, []).append(ev.pack())
             if ev.finish_reason is not None or ev.error is not None:
                 ended.add(ev.request_id)
-        now = time.monotonic()
         pipe = self.r.pipeline(transaction=False)
         by_gateway: dict[str, list[bytes]] = {}
         for rid, packed in by_request.items():
@@ -97,17 +124,41 @@ class TokenPublisher:
         return True
 
     def flush_due(self) -> None:
-        """Write the records whose held events are due (a request that made no event since:
-        it moved to another worker, was cancelled, or waits): call between steps."""
+        """Write what is due: steps held back past WRITE_INTERVAL_S, and the records whose
+        held events are due (a request that made no event since: it moved to another worker,
+        was cancelled, or waits). Call between steps."""
         now = time.monotonic()
+        if self._steps is not None and now - self._last_write >= self.write_interval:
+            events, gateways = self._steps
+            self._steps = None
+            self._write(events, gateways, now)
         if now < self._next_due:
             return
         pipe = self.r.pipeline(transaction=False)
         self._write_due(pipe, now)
         pipe.execute()
 
+    def settle(self, request_ids: set[str]) -> None:
+        """Requests that leave this worker (cancelled, expired): their records get every
+        event held for them now, so a record stops growing once its request has stopped."""
+        if self._steps is not None:
+            events, gateways = self._steps
+            self._steps = None
+            self._write(events, gateways, time.monotonic())
+        held = [rid for rid in request_ids if rid in self._held]
+        if not held:
+            return
+        pipe = self.r.pipeline(transaction=False)
+        for rid in held:
+            self._write_record(pipe, rid, self._held.pop(rid).packed, False)
+        pipe.execute()
+
     def flush_all(self) -> None:
-        """Every held event into its record (a worker stopping)."""
+        """Every held step and event written (a worker stopping)."""
+        if self._steps is not None:
+            events, gateways = self._steps
+            self._steps = None
+            self._write(events, gateways, time.monotonic())
         if not self._held:
             return
         pipe = self.r.pipeline(transaction=False)
@@ -219,6 +270,11 @@ def _id(entry_id: str) -> tuple[int, int]:
 def _next_id(entry_id: str) -> str:
     ms, seq = _id(entry_id)
     return f"{ms}-{seq + 1}"
+
+
+def _urgent(events: list[TokenEvent]) -> bool:
+    """A request's first event (its time to first token; the handoff follows it) or an end."""
+    return any(ev.seq == 0 or ev.finish_reason is not None or ev.error is not None for ev in events)
 
 
 def _is_error(packed: bytes) -> bool:

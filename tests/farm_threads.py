@@ -69,7 +69,8 @@ class EchoWorker:
         self.keys, self.tokenizer = keys, tokenizer
         self.delay, self.drop_every = delay, drop_publish_every
         self.queues = WorkQueues(self.r, [keys.prefill_stream], "echo", keys)
-        self.publisher = TokenPublisher(self.r, keys)
+        # every event written as it comes: this stub has no loop to flush held steps
+        self.publisher = TokenPublisher(self.r, keys, write_interval=0)
         self._publishing = threading.Lock()  # a worker's publisher serves one thread
         self.cancels = CancelWatcher(self.r, keys)
         self.outputs: dict[str, Output] = {}

@@ -359,6 +359,8 @@ class Worker:
                 self.forks.discard(job)
                 self._done(job)
             self.kv.free_request(rid)
+        if request_ids:
+            self.publisher.settle(request_ids)  # their records complete: nothing more comes
 
     def _expire(self) -> None:
         now = time.time()

@@ -40,7 +40,7 @@ def record(r, keys, rid) -> list[list[int]]:
 
 
 def test_a_step_is_one_entry_per_gateway_and_records_are_written_seldom(r, keys):
-    pub = TokenPublisher(r, keys, output_ttl=60)
+    pub = TokenPublisher(r, keys, output_ttl=60, write_interval=0)
     rids = [f"q{i}" for i in range(64)]
     gateways = {rid: ("g1" if i % 2 else "g2") for i, rid in enumerate(rids)}
     steps = 20
@@ -62,7 +62,7 @@ def test_a_step_is_one_entry_per_gateway_and_records_are_written_seldom(r, keys)
 def test_held_events_are_delivered_from_the_gateway_stream(r, keys):
     """A worker that dies with events held back: the next one reads them (its record then the
     gateway's stream), each once, in order; the gateway stream is read once for them all."""
-    dead = TokenPublisher(r, keys)
+    dead = TokenPublisher(r, keys, write_interval=0)
     rids = [f"c{i}" for i in range(8)]
     for seq in range(6):
         dead.publish([tok(rid, seq) for rid in rids], dict.fromkeys(rids, "gw"))
@@ -92,7 +92,7 @@ def test_held_events_are_delivered_from_the_gateway_stream(r, keys):
 
 def test_records_are_checkpointed_and_flushed(r, keys, monkeypatch):
     monkeypatch.setattr(token_log, "CHECKPOINT_S", 0.05)
-    pub = TokenPublisher(r, keys)
+    pub = TokenPublisher(r, keys, write_interval=0)
     pub.publish([tok("a", 0), tok("b", 0)], {"a": "g", "b": "g"})
     pub.publish([tok("a", 1), tok("b", 1)], {"a": "g", "b": "g"})
     pub.flush_due()  # not due yet
@@ -145,3 +145,42 @@ def test_merge_takes_only_tokens_of_the_request_from_the_gateway():
     assert [e.seq for e in token_log.merge(rec, gw, "a")] == [0, 1, 2]
     assert token_log.scan_start("1700000005000-7") == "1700000003000-0"
     assert token_log.trim_before(1000.0) == f"{int((1000.0 - token_log.GATEWAY_KEEP_S) * 1000)}-0"
+
+
+def test_steps_faster_than_the_write_interval_are_written_together(r, keys):
+    pub = TokenPublisher(r, keys, write_interval=0.2)
+    gw = {"w": "g", "v": "g"}
+    pub.publish([tok("w", 0)], gw)  # a first event: at once
+    pub.publish([tok("w", 1), tok("v", 0)], gw)  # v's first event: at once, with w's 1
+    pub.publish([tok("w", 2), tok("v", 1)], gw)  # held back
+    pub.publish([tok("w", 3), tok("v", 2)], gw)  # held back
+    stream = keys.gateway_stream("g")
+    assert [len(entry_events(f)) for _, f in r.xrange(stream)] == [1, 2]
+    pub.flush_due()  # not due yet
+    assert r.xlen(stream) == 2
+    time.sleep(0.21)
+    pub.flush_due()  # due: both held steps in one entry, each request's events in order
+    rows = r.xrange(stream)
+    assert [(e.request_id, e.seq) for e in entry_events(rows[-1][1])] == [
+        ("w", 2), ("w", 3), ("v", 1), ("v", 2),
+    ]  # fmt: skip
+    pub.publish([tok("w", 4)], gw)  # held (just written)...
+    pub.publish([tok("w", 5, last=5)], gw)  # ...and an end takes it along at once
+    assert [e.seq for e in entry_events(r.xrange(stream)[-1][1])] == [4, 5]
+    assert [e.seq for e in pub.delivered("w", "g")] == list(range(6))
+    pub.publish([tok("v", 3)], gw)  # held; a worker stopping writes it
+    pub.flush_all()
+    assert [e.seq for e in pub.delivered("v", "g")] == [0, 1, 2, 3]
+
+
+def test_a_request_that_leaves_has_its_record_completed_at_once(r, keys):
+    pub = TokenPublisher(r, keys, write_interval=10.0)
+    gw = {"c": "g", "d": "g"}
+    pub.publish([tok("c", 0), tok("d", 0)], gw)
+    pub.publish([tok("c", 1), tok("d", 1)], gw)  # held: both the step and the records
+    pub.settle({"c"})  # cancelled: the held step goes out, and c's record gets its events
+    assert record(r, keys, "c") == [[0], [1]]
+    assert record(r, keys, "d") == [[0]]  # still running: its record waits
+    assert r.xlen(keys.gateway_stream("g")) == 2
+    pub.settle({"nothing-held"})  # no-op
+    assert r.xlen(keys.gateway_stream("g")) == 2
