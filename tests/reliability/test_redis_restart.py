@@ -123,12 +123,16 @@ def test_worker_survives_redis_losing_its_data_between_two_commands(redis_url):
     import redis as redis_lib
     from syshax.broker.dispatcher import Dispatcher
     from syshax.broker.keys import KEYS
-    from syshax.broker.schemas import PrefillJob
+    from syshax.broker.schemas import PrefillJob, entry_events
     from syshax.shared.sampling import SamplingParams
     from syshax.workers.echo_engine import EchoEngine
     from syshax.workers.worker import Worker, WorkerOptions
 
     r = redis_lib.Redis.from_url(redis_url)
+
+    def events(rid: str) -> list:  # a record's entry may hold several steps' events
+        return [e for _, f in r.xrange(KEYS.output_stream(rid)) for e in entry_events(f)]
+
     opts = WorkerOptions("w", frozenset({"prefill", "decode"}), "xpu", block_ms=20)
     worker = Worker(EchoEngine(max_num_seqs=4), r, opts, Dispatcher(auto_pd_offload=False))
     stop = threading.Event()
@@ -143,10 +147,10 @@ def test_worker_survives_redis_losing_its_data_between_two_commands(redis_url):
             job = PrefillJob(request_id=rid, prompt_ids=[4, 5, 6], params=params)
             r.xadd(KEYS.prefill_stream, {"j": job.pack()})
             end = time.monotonic() + 10
-            while r.xlen(KEYS.output_stream(rid)) < 3 and time.monotonic() < end:
+            while len(events(rid)) < 3 and time.monotonic() < end:
                 assert thread.is_alive(), "the worker died"
                 time.sleep(0.02)
-            assert r.xlen(KEYS.output_stream(rid)) == 3
+            assert [e.seq for e in events(rid)] == [0, 1, 2]
     finally:
         stop.set()
         thread.join(10)

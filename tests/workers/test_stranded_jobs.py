@@ -15,7 +15,7 @@ import uuid
 import redis
 from syshax.broker.keys import KEYS
 from syshax.broker.kv_store import KVStore
-from syshax.broker.schemas import PrefillJob, TokenEvent
+from syshax.broker.schemas import PrefillJob, TokenEvent, entry_events
 from syshax.shared.sampling import SamplingParams
 
 from ..conftest import wait_for
@@ -23,7 +23,7 @@ from .echo_workers import echo_worker
 
 
 def _events(r: redis.Redis, rid: str) -> list[TokenEvent]:
-    return [TokenEvent.unpack(f[b"e"]) for _, f in r.xrange(KEYS.output_stream(rid))]
+    return [ev for _, f in r.xrange(KEYS.output_stream(rid)) for ev in entry_events(f)]
 
 
 def test_a_cpu_decoder_takes_jobs_queued_for_an_xpu_class_with_no_decoder(redis_url):
