@@ -130,14 +130,7 @@ class Others:
         ]
 
     def cpu_ns(self) -> int:
-        total = 0
-        for f in self.files:
-            try:
-                with open(f) as fh:
-                    total += int(fh.read().split()[0])
-            except OSError:
-                pass
-        return total
+        return schedstat_ns(self.files)
 
 
 class SideThreads:
@@ -154,14 +147,20 @@ class SideThreads:
         if tasks != self._tasks:
             self._tasks = tasks
             self.files = [f"/proc/self/task/{t}/schedstat" for t in tasks if t != self.me]
-        total = 0
-        for f in self.files:
-            try:
-                with open(f) as fh:
-                    total += int(fh.read().split()[0])
-            except OSError:
-                pass
-        return total
+        return schedstat_ns(self.files)
+
+
+def schedstat_ns(files: list[str]) -> int:
+    """The run time (ns) of the threads whose /proc schedstat files these are; a thread
+    that has exited counts nothing."""
+    total = 0
+    for f in files:
+        try:
+            with open(f) as fh:
+                total += int(fh.read().split()[0])
+        except OSError:
+            pass
+    return total
 
 
 def install(worker) -> LoopTrace | None:
