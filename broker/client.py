@@ -181,7 +181,7 @@ class BrokerClient:
     async def read_output(self, request_id: str, after: str = "-") -> list[tuple[str, TokenEvent]]:
         """(entry id, event) of a request's record after entry id `after` ("-" = all);
         undecodable entries are logged and skipped."""
-        start = "-" if after == "-" else _next_id(after)
+        start = "-" if after == "-" else token_log.next_id(after)
         entries = await self.redis.xrange(self.keys.output_stream(request_id), min=start)
         return _events(request_id, entries)
 
@@ -212,17 +212,14 @@ class BrokerClient:
         return _entries(gateway, [e for _, rows in reply or [] for e in rows])
 
     async def request_events(self, request_id: str, origin: str) -> list[TokenEvent]:
-        """Every event of a request so far: its record, then its newest events from the stream
-        of the gateway that submitted it (`origin`; "" = the record only)."""
-        events = [ev for _, ev in await self.read_output(request_id)]
-        last = await self.redis.xrevrange(self.keys.output_stream(request_id), count=1)
-        if origin and last:
-            rows = await self.read_gateway(origin, token_log.scan_start(_text(last[0][0])))
-            tail = [ev for _, evs in rows for ev in evs if ev.request_id == request_id]
-            by_seq = {ev.seq: ev for ev in tail}
-            by_seq.update({ev.seq: ev for ev in events})
-            events = [by_seq[k] for k in sorted(by_seq)]
-        return events
+        """Every event of a request so far: its record, then its newest tokens from the stream
+        of the gateway that submitted it (`origin`; "" = the record only; token_log.merge)."""
+        entries = await self.read_output(request_id)
+        record = [ev for _, ev in entries]
+        if not origin or not entries:
+            return record
+        rows = await self.read_gateway(origin, token_log.scan_start(entries[-1][0]))
+        return token_log.merge(record, [ev for _, evs in rows for ev in evs], request_id)
 
     # ---- token delivery ----------------------------------------------------------------------
     @property
@@ -323,9 +320,3 @@ def _entries(gateway: str, rows: list | None) -> list[tuple[str, list[TokenEvent
         except SchemaError as exc:
             log.warning("gateway stream %s: skipping entry %s: %s", gateway, entry_id, exc)
     return out
-
-
-def _next_id(entry_id: str) -> str:
-    """The smallest stream id after `entry_id` (an exclusive start that Redis < 6.2 takes too)."""
-    ms, _, seq = entry_id.partition("-")
-    return f"{ms}-{int(seq or 0) + 1}"

@@ -43,10 +43,22 @@ GATEWAY_KEEP_S = 60.0
 SKEW_MS = 2000
 
 
+def entry_key(entry_id: str | bytes) -> tuple[int, int]:
+    """A stream entry id as (ms, seq), which orders as Redis does."""
+    text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+    ms, _, seq = text.partition("-")
+    return int(ms), int(seq or 0)
+
+
 def entry_ms(entry_id: str | bytes) -> int:
     """The milliseconds part of a stream entry id."""
-    text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
-    return int(text.partition("-")[0])
+    return entry_key(entry_id)[0]
+
+
+def next_id(entry_id: str | bytes) -> str:
+    """The smallest stream id after `entry_id` (an exclusive start Redis < 6.2 takes too)."""
+    ms, seq = entry_key(entry_id)
+    return f"{ms}-{seq + 1}"
 
 
 def scan_start(last_record_id: str | bytes) -> str:

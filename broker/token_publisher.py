@@ -227,13 +227,17 @@ class TokenPublisher:
         point is extended rather than repeated, so a wave of resumes reads and decodes the
         stream about once."""
         now = time.monotonic()
-        ms = _id(start)[0]
+        ms = token_log.entry_key(start)[0]
         base = f"{ms - ms % SCAN_ALIGN_MS}-0"
         scan = self._scans.get(gateway)
         fresh = scan is not None and now - scan.at < SCAN_REUSE_S
-        if not (fresh and _id(scan.start) <= _id(base) and scan.entries < SCAN_MAX_ENTRIES):
+        if not (
+            fresh
+            and token_log.entry_key(scan.start) <= token_log.entry_key(base)
+            and scan.entries < SCAN_MAX_ENTRIES
+        ):
             scan = _Scan(now, base)
-        begin = _next_id(scan.last) if scan.last else scan.start
+        begin = token_log.next_id(scan.last) if scan.last else scan.start
         for entry_id, fields in self.r.xrange(self.keys.gateway_stream(gateway), min=begin):
             scan.last, scan.entries = _text(entry_id), scan.entries + 1
             try:
@@ -245,8 +249,12 @@ class TokenPublisher:
                 scan.by_request.setdefault(ev.request_id, []).append((scan.last, ev))
         scan.at = now
         self._scans = {gateway: scan}  # the latest gateway's only
-        after = _id(start)
-        return [ev for eid, ev in scan.by_request.get(request_id, ()) if _id(eid) >= after]
+        after = token_log.entry_key(start)
+        return [
+            ev
+            for eid, ev in scan.by_request.get(request_id, ())
+            if token_log.entry_key(eid) >= after
+        ]
 
 
 @dataclass
@@ -260,16 +268,6 @@ class _Scan:
 
 def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
-
-
-def _id(entry_id: str) -> tuple[int, int]:
-    ms, _, seq = entry_id.partition("-")
-    return int(ms), int(seq or 0)
-
-
-def _next_id(entry_id: str) -> str:
-    ms, seq = _id(entry_id)
-    return f"{ms}-{seq + 1}"
 
 
 def _urgent(events: list[TokenEvent]) -> bool:
