@@ -29,6 +29,7 @@ from .connect import clustered
 from .job_transport import AsyncJobs
 from .keys import KEYS, Keys
 from .liveness import is_alive
+from .queue_depth import AdmissionDepth
 from .request_info import RequestInfo
 from .schemas import KVHandle, PrefillJob, SchemaError, TokenEvent, entry_events
 from .subscription import TokenSubscription
@@ -65,16 +66,41 @@ class BrokerClient:
         self._routes: dict[str, set[TokenSubscription]] = {}  # request id -> live subscriptions
         self._closed = False
         self._memory: tuple[float, float | None] = (0.0, None)  # (read at, memory_use)
+        # The prefill queue's depth for admission, read at most every 50 ms (queue_depth.py)
+        self.admission = AdmissionDepth(self.prefill_queue_depth)
 
     # ---- jobs and cancellation -------------------------------------------------------------
     async def submit(self, job: PrefillJob) -> None:
         """Queue a prefill job addressed to this gateway's stream (subscribe first: the reader
         routes an event only to the subscriptions that exist when it reads it)."""
         job.gateway = self.gateway_id
+        try:
+            if self.jobs is not None:
+                await self.jobs.submit(self.keys.prefill_stream, job.pack())
+            else:
+                await self.redis.xadd(self.keys.prefill_stream, {"j": job.pack()})
+        finally:  # a failed submit may still have queued it: counted, admission errs to refuse
+            self.admission.note_submitted()
+
+    async def save_and_submit(self, job: PrefillJob, info: dict[str, Any], ttl: int) -> None:
+        """Record a new request (`requests.save`) and queue its prefill job (`submit`): on the
+        Redis streams one pipeline, one round trip (issue 31), the record's commands sent
+        before the XADD so it exists when a worker reads the job. (On a cluster the two keys'
+        nodes run theirs in parallel; only a resume reads the record, and a client learns the
+        request's id only after this returns.) RabbitMQ's job queues: the record, then the job.
+        """
         if self.jobs is not None:
-            await self.jobs.submit(self.keys.prefill_stream, job.pack())
+            await self.requests.save(job.request_id, info, ttl)
+            await self.submit(job)
             return
-        await self.redis.xadd(self.keys.prefill_stream, {"j": job.pack()})
+        job.gateway = self.gateway_id
+        try:
+            async with self.redis.pipeline(transaction=False) as pipe:  # two slots
+                self.requests.save_into(pipe, job.request_id, info, ttl)
+                pipe.xadd(self.keys.prefill_stream, {"j": job.pack()})
+                await pipe.execute()
+        finally:
+            self.admission.note_submitted()
 
     async def _waiting(self, stream: str, group: str) -> int:
         return (await self.stream_stats(stream, group))[0]

@@ -19,11 +19,16 @@ class RequestInfo:
 
     async def save(self, request_id: str, info: dict[str, Any], ttl: int) -> None:
         """Record a new request (attached once), kept `ttl` seconds."""
-        key = self.keys.request_info(request_id)
         async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.hset(key, mapping={"info": json.dumps(info), "attach": 0})
-            pipe.expire(key, ttl)
+            self.save_into(pipe, request_id, info, ttl)
             await pipe.execute()
+
+    def save_into(self, pipe: Any, request_id: str, info: dict[str, Any], ttl: int) -> None:
+        """`save`'s commands, added to `pipe`: the gateway sends them with the request's job
+        (BrokerClient.save_and_submit), one round trip for both."""
+        key = self.keys.request_info(request_id)
+        pipe.hset(key, mapping={"info": json.dumps(info), "attach": 0})
+        pipe.expire(key, ttl)
 
     async def load(self, request_id: str) -> tuple[dict[str, Any] | None, bool]:
         """(the request's info or None if unknown/expired, whether it has ended)."""

@@ -134,7 +134,9 @@ class Gateway:
         route = route or self.router.default
         broker = route.broker
         assert broker is not None
-        depth = await broker.prefill_queue_depth()
+        # The queue's depth cached for up to 50 ms plus this gateway's own jobs since (not a
+        # round trip per request); re-read before a refusal (broker/queue_depth.py).
+        depth = await broker.admission.depth(self.settings.max_queue_depth)
         if depth >= self.settings.max_queue_depth:
             raise APIError(
                 429,
@@ -158,8 +160,7 @@ class Gateway:
             ttl = int(self.settings.request_timeout + self.settings.output_ttl)
             # `gateway`: whose stream gets its tokens, for a resume served by another gateway
             info = {**plan.info(), "gateway": broker.gateway_id}
-            await broker.requests.save(plan.request_id, info, ttl)
-            await broker.submit(plan.job())
+            await broker.save_and_submit(plan.job(), info, ttl)  # one round trip for both
         except BaseException:
             gen.close()
             raise
