@@ -84,15 +84,29 @@ def load_config(path: str | Path | None = None) -> Config:
 
 
 def relative_to_file(cfg: Config, file: Path) -> Config:
-    """`cfg` with the file paths it gives relative made absolute against the config file's
-    folder (`speculative.draft_model`): a path in a file means the same file whatever the
+    """`cfg` with the model paths it gives (`model`, each `models:` entry's `model`,
+    `speculative.draft_model`) made absolute against the config file's folder where they name
+    something there (`from_folder`): a path in a file means the same file whatever the
     directory a command runs from, and a farm's workers read a copy of the config written in
-    their work folder. Absolute and `~` paths, and "default" (the bundled model), stay."""
-    draft = cfg.speculative.draft_model
-    if draft and draft != "default" and not Path(draft).expanduser().is_absolute():
-        folder = file.expanduser().absolute().parent
-        cfg.speculative.draft_model = os.path.normpath(folder / draft)
+    their work folder. Values given on a command line never pass through here."""
+    folder = file.expanduser().absolute().parent
+    cfg.model = from_folder(cfg.model, folder)
+    for entry in cfg.models:
+        entry.model = from_folder(entry.model, folder)
+    cfg.speculative.draft_model = from_folder(cfg.speculative.draft_model, folder)
     return cfg
+
+
+def from_folder(value: str | None, folder: Path) -> str | None:
+    """`value` (a model setting) as an absolute path when it is relative and names a file or
+    folder inside `folder`; else as given. Absolute and `~` paths and "default" (the bundled
+    model) stay; so does a relative name with nothing of that name in `folder`: it may be a
+    path from the working directory (as before config-relative paths) or a name that is not a
+    path at all (an HF repo id such as org/name), and its error, if any, comes where it loads."""
+    if not value or value == "default" or Path(value).expanduser().is_absolute():
+        return value
+    there = folder / value
+    return os.path.normpath(there) if there.exists() else value
 
 
 def _key_lines(text: str) -> dict[str, int]:

