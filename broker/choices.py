@@ -37,21 +37,31 @@ def part_ttl(deadline: float) -> int:
 
 
 def open_choices(
-    r: redis.Redis, keys: Keys, request_id: str, ids: list[str], reclaimed: bool = False
+    r: redis.Redis,
+    keys: Keys,
+    request_id: str,
+    ids: list[str],
+    reclaimed: bool = False,
+    flags: bool = True,
 ) -> tuple[set[str], set[int]]:
     """(the choice ids cancelled, the choice indices already handed off) of a request with the
-    choice ids `ids`, in one round trip: what a worker taking its prefill job must not serve.
+    choice ids `ids`, in one round trip (none when there is nothing to read): what a worker
+    taking its prefill job must not serve. `flags`: read the cancel flags (False: the caller
+    heard every cancel of this job itself, cancel_watch.py; the set returned is then empty).
     A request of one choice has a mark only from a RabbitMQ handoff (amqp_jobs.py), read
     when its job is `reclaimed` (redelivered)."""
     marks = len(ids) > 1 or reclaimed
+    flagged = ids if flags else []
+    if not flagged and not marks:
+        return set(), set()
     pipe = r.pipeline(transaction=False)
-    for cid in ids:
+    for cid in flagged:
         pipe.exists(keys.cancel_flag(cid))
     if marks:
         pipe.smembers(keys.handed_off(request_id))
     replies = pipe.execute()
-    cancelled = {cid for cid, hit in zip(ids, replies, strict=False) if hit}
-    handed = {int(i) for i in replies[len(ids)]} if marks else set()
+    cancelled = {cid for cid, hit in zip(flagged, replies, strict=False) if hit}
+    handed = {int(i) for i in replies[len(flagged)]} if marks else set()
     return cancelled, handed
 
 

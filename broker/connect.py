@@ -152,7 +152,9 @@ class Subscriber:
 
     def __init__(self, client: Any) -> None:
         self.sharded = clustered(client)
-        self.pubsub = client.pubsub(ignore_subscribe_messages=True)
+        # Confirmations are kept (redis-py would drop them before any `message` argument
+        # could ask for them) and skipped in `message` unless asked for.
+        self.pubsub = client.pubsub(ignore_subscribe_messages=False)
 
     def subscribe(self, *channels: str) -> None:
         if self.sharded:
@@ -160,11 +162,16 @@ class Subscriber:
         else:
             self.pubsub.subscribe(*channels)
 
-    def message(self) -> dict[str, Any] | None:
-        """The next message already received, or None (never blocks)."""
-        if self.sharded:
-            return self.pubsub.get_sharded_message(ignore_subscribe_messages=True, timeout=0)
-        return self.pubsub.get_message(timeout=0)
+    def message(self, confirmations: bool = False) -> dict[str, Any] | None:
+        """The next message already received, or None (never blocks); `confirmations`: the
+        (re)subscriptions' confirmations too (type `subscribe` / `ssubscribe`)."""
+        while True:
+            if self.sharded:
+                msg = self.pubsub.get_sharded_message(timeout=0)
+            else:
+                msg = self.pubsub.get_message(timeout=0)
+            if msg is None or confirmations or msg.get("type") in ("message", "smessage"):
+                return msg
 
     def close(self) -> None:
         self.pubsub.close()

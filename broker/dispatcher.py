@@ -135,6 +135,13 @@ class Dispatcher:
         self.history = (self.history + [decision])[-100:]
         return decision
 
+    def settled(self, xpu_decoders: bool, cpu_decoders: bool) -> bool:
+        """Whether the config and which classes have a live decoder settle every decision
+        (`_choose`'s first five rules), so that no load needs reading: the worker then asks
+        `choose` with empty loads of those classes and spares the round trip."""
+        fixed = not self.auto_pd_offload or self.decode_device != "auto"
+        return fixed or not xpu_decoders or not cpu_decoders
+
     def take_queued(self, xpu: DeviceLoad, cpu: DeviceLoad) -> Decision | None:
         """Rule 2's queue seen from a CPU worker with a free slot: take one decode queued on
         the xPU's stream (None = leave it there). Only under the SLO rule with decode_device

@@ -5,12 +5,16 @@ the records due (a request's first event here, its end, or `CHECKPOINT_S` after 
 event held back), each with every event held for it, then one XADD per gateway with the step's
 events of all its requests. A record's EXPIRE rides on its first and last write (and every
 output_ttl/4 between), a gateway stream's every output_ttl/4.
+
+Writes that need not go at once ride along (`ride`): a finished job's ack, a dispatch record.
+Each was a round trip of its own per request; riding, they cost Redis no wakeup of their own.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import redis
@@ -25,6 +29,12 @@ log = logging.getLogger(__name__)
 SCAN_ALIGN_MS = 10_000  # a gateway stream is read back from a multiple of this (shared reads)
 SCAN_REUSE_S = 2.0  # a read is extended, not repeated, within this long of the last use
 SCAN_MAX_ENTRIES = 20_000  # ...and while it holds fewer entries than this
+# A rider waits at most this long for the next write (`flush_due` sends it alone after): an
+# ack or a dispatch record this late changes nothing a client sees, and a step of a real
+# engine (10-50 ms) comes within it, so riders almost never cost a round trip of their own.
+RIDE_MAX_S = 0.05
+
+Rider = Callable[[redis.client.Pipeline], None]
 
 
 @dataclass
@@ -55,6 +65,20 @@ class TokenPublisher:
         self._scans: dict[str, _Scan] = {}  # gateway -> its latest scan (delivered)
         self._steps: tuple[list[TokenEvent], dict[str, str]] | None = None  # held back
         self._last_write = float("-inf")  # monotonic time of the last step written
+        self._riders: list[Rider] = []  # commands waiting for the next write (`ride`)
+        self._ride_due = float("inf")  # monotonic time the oldest rider must go
+
+    def ride(self, add: Rider) -> None:
+        """`add(pipe)` puts commands on the next write's pipeline, after its events (so a
+        request's ack goes out with, never before, its last event), within RIDE_MAX_S. For
+        commands whose order against other round trips does not matter."""
+        self._riders.append(add)
+        self._ride_due = min(self._ride_due, time.monotonic() + RIDE_MAX_S)
+
+    def _add_riders(self, pipe) -> None:
+        riders, self._riders, self._ride_due = self._riders, [], float("inf")
+        for add in riders:
+            add(pipe)
 
     def publish(self, events: list[TokenEvent], gateways: dict[str, str] | None = None) -> None:
         """`gateways`: request id -> the id of the gateway that submitted it (from its job);
@@ -106,6 +130,7 @@ class TokenPublisher:
             )  # fmt: skip
             if self._ttl_due(stream, now, False):
                 pipe.expire(stream, self.output_ttl)
+        self._add_riders(pipe)
         pipe.execute()
 
     def _held_back(self, rid: str, packed: list[bytes], now: float) -> bool:
@@ -123,19 +148,24 @@ class TokenPublisher:
         held.packed += packed
         return True
 
-    def flush_due(self) -> None:
-        """Write what is due: steps held back past WRITE_INTERVAL_S, and the records whose
-        held events are due (a request that made no event since: it moved to another worker,
-        was cancelled, or waits). Call between steps."""
+    def flush_due(self, idle: bool = False) -> None:
+        """Write what is due: steps held back past WRITE_INTERVAL_S, the records whose held
+        events are due (a request that made no event since: it moved to another worker, was
+        cancelled, or waits), and riders past RIDE_MAX_S, or all of them when the caller is
+        `idle` (no next step would carry them). Call between steps."""
         now = time.monotonic()
         if self._steps is not None and now - self._last_write >= self.write_interval:
             events, gateways = self._steps
             self._steps = None
             self._write(events, gateways, now)
-        if now < self._next_due:
+        records_due = now >= self._next_due
+        riders_due = bool(self._riders) and (idle or now >= self._ride_due)
+        if not (records_due or riders_due):
             return
         pipe = self.r.pipeline(transaction=False)
-        self._write_due(pipe, now)
+        if records_due:
+            self._write_due(pipe, now)
+        self._add_riders(pipe)
         pipe.execute()
 
     def settle(self, request_ids: set[str]) -> None:
@@ -159,10 +189,11 @@ class TokenPublisher:
             events, gateways = self._steps
             self._steps = None
             self._write(events, gateways, time.monotonic())
-        if not self._held:
+        if not self._held and not self._riders:
             return
         pipe = self.r.pipeline(transaction=False)
         self._write_due(pipe, float("inf"))
+        self._add_riders(pipe)
         pipe.execute()
 
     def _write_due(self, pipe, now: float) -> None:

@@ -10,7 +10,6 @@ that comes back under the same id (a restart, a reconnect to Redis) takes its ow
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import socket
@@ -20,7 +19,6 @@ from dataclasses import dataclass
 import redis
 
 from . import itl_tails
-from .connect import Subscriber
 from .keys import DEVICE_CLASSES, KEYS, Keys
 from .liveness import HEARTBEAT_TTL, is_alive
 from .schemas import RequestPart
@@ -152,9 +150,16 @@ class WorkQueues:
 
     def ack(self, entry: Entry) -> None:
         pipe = self.r.pipeline()  # one key: one slot
-        pipe.xack(entry.stream, self.group, entry.entry_id)
-        pipe.xdel(entry.stream, entry.entry_id)
+        self.add_ack(pipe, entry)
         pipe.execute()
+
+    def add_ack(self, pipe: redis.client.Pipeline, entry: Entry) -> None:
+        """The ack of `entry` on a pipeline (with a MULTI or, riding a token write, without:
+        token_publisher.TokenPublisher.ride). XDEL before XACK: a write cut between the two
+        leaves a pending id of a deleted entry, which whoever claims it just acks
+        (`_reclaimed`), never an acked entry left in the stream, counted by XLEN for good."""
+        pipe.xdel(entry.stream, entry.entry_id)
+        pipe.xack(entry.stream, self.group, entry.entry_id)
 
     def hand_over(self, entry: Entry, stream: str, data: bytes) -> None:
         """Queue a job made from `entry` on `stream` and ack `entry`, in one MULTI: the new job
@@ -241,31 +246,6 @@ class WorkQueues:
         return claimed
 
 
-class CancelWatcher:
-    """Collects cancelled request ids between engine steps (pub/sub + flag for queued jobs)."""
-
-    def __init__(self, r: redis.Redis, keys: Keys = KEYS):
-        self.r, self.keys = r, keys
-        self.pubsub = Subscriber(r)  # sharded on a cluster
-        self.pubsub.subscribe(keys.cancel_channel)
-
-    def poll(self) -> set[str]:
-        ids: set[str] = set()
-        while True:
-            msg = self.pubsub.message()
-            if msg is None:
-                return ids
-            if msg.get("type") in ("message", "smessage"):
-                ids.add(_s(msg["data"]))
-
-    def is_cancelled(self, request_id: str) -> bool:
-        return bool(self.r.exists(self.keys.cancel_flag(request_id)))
-
-    def close(self) -> None:
-        with contextlib.suppress(Exception):  # closing after Redis went away
-            self.pubsub.close()
-
-
 class Heartbeat:
     """The worker's hash, rewritten every beat with a TTL: when it expires the worker is dead.
 
@@ -301,18 +281,17 @@ class Heartbeat:
 
 
 def record_dispatch(
-    r: redis.Redis, device: str, reason: str, keys: Keys = KEYS, rule: str = ""
+    pipe: redis.client.Pipeline, device: str, reason: str, keys: Keys = KEYS, rule: str = ""
 ) -> None:
     """Log a dispatcher decision (the last 100, for `syshax top`: `<unix time> <device>
-    [<rule>] <reason>`) and count it per device. A model of a farm of several names itself
-    first in the reason (`smol: ...`)."""
+    [<rule>] <reason>`) and count it per device, on a pipeline without MULTI (the worker's
+    next token write carries it: token_publisher.TokenPublisher.ride). A model of a farm of
+    several names itself first in the reason (`smol: ...`)."""
     reason = f"{keys.model}: {reason}" if keys.model else reason
     what = f"[{rule}] {reason}" if rule else reason
-    pipe = r.pipeline(transaction=False)
     pipe.lpush(keys.dispatch_log, f"{time.time():.3f} {device} {what}")
     pipe.ltrim(keys.dispatch_log, 0, 99)
     pipe.incr(keys.dispatch_count(device))
-    pipe.execute()
 
 
 def live_workers(r: redis.Redis, keys: Keys = KEYS) -> list[dict[str, str]]:

@@ -24,13 +24,14 @@ import msgspec
 import openai
 import redis
 import uvicorn
+from syshax.broker.cancel_watch import CancelWatcher
 from syshax.broker.connect import sync_client
 from syshax.broker.embedded import free_port
 from syshax.broker.farm_io import queue_jobs
 from syshax.broker.keys import KEYS, Keys
 from syshax.broker.schemas import PrefillJob, SchemaError, TokenEvent
 from syshax.broker.token_publisher import TokenPublisher
-from syshax.broker.worker_io import CancelWatcher, WorkQueues
+from syshax.broker.worker_io import WorkQueues
 from syshax.shared.detokenizer import IncrementalDetokenizer
 from syshax.shared.sampling import SamplingParams
 from syshax.shared.tokenizer import Tokenizer

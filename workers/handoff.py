@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 import redis
 from syshax.broker import choices
@@ -23,6 +24,7 @@ from syshax.broker.job_transport import JobQueue
 from syshax.broker.keys import Keys
 from syshax.broker.kv_store import KVStore
 from syshax.broker.schemas import DecodeJob, RequestPart
+from syshax.broker.token_publisher import Rider
 from syshax.broker.worker_io import Entry, decoder_classes, record_dispatch
 
 from .engine.errors import EngineError
@@ -52,10 +54,13 @@ class Handoff:
         kv: KVStore,
         farm: FarmView,
         metrics: WorkerMetrics,
+        ride: Callable[[Rider], None],
     ):
+        """`ride`: puts Redis writes on the worker's next token write (TokenPublisher.ride):
+        the dispatch log's records go that way."""
         self.engine, self.opts, self.dispatcher = engine, opts, dispatcher
         self.r, self.keys, self.streams, self.kv = r, keys, streams, kv
-        self.farm, self.metrics = farm, metrics
+        self.farm, self.metrics, self.ride = farm, metrics, ride
         # The prompts alone, read into a handoff slot while the decode slots are full: only a
         # worker that prefills and decodes and has handoff slots (WorkerOptions.handoff_slots).
         self.ahead: JobQueue | None = None
@@ -82,20 +87,24 @@ class Handoff:
             self.farm.workers(force=True)
 
     def without_loads(self, job: Job) -> Decision | None:
-        """The decision, when it cannot depend on the loads: an xPU worker that decodes, in a
-        farm with no live CPU decoder (as last read: by `look_ahead` before this prompt's
-        prefill, or by the claim round, at most a claim period ago). Every rule then answers
-        the xPU before it looks at a load (`Dispatcher._choose`), so the three round trips of
-        the loads (live workers, queues) are skipped: they sat between a stream's first token
-        and its second. A CPU decoder that just started is seen by the next read."""
-        if not self._no_cpu_rule_applies():
-            return None
-        if "cpu" in decoder_classes(self.farm.workers(max_age=self.opts.claim_s)):
+        """The decision, when it cannot depend on the loads (`Dispatcher.settled`): a fixed
+        decode device, or a farm where one class has no live decoder (as last read: by
+        `look_ahead` before this prompt's prefill, or by the claim round, at most a claim
+        period ago). The round trip of the loads (queue lengths) is then skipped: it sat
+        between a stream's first token and its second. A decoder that just started is seen
+        by the next read."""
+        classes = decoder_classes(self.farm.workers(max_age=self.opts.claim_s))
+        if "decode" in self.opts.roles:
+            classes.add(self.opts.device_class)  # before our first heartbeat is read back
+        xpu, cpu = "xpu" in classes, "cpu" in classes
+        if not self.dispatcher.settled(xpu, cpu):
             return None
         remaining = (job.params.max_tokens or self.engine.max_model_len) - len(
             self.engine.output_ids(job.request_id)
         )
-        decision = self.dispatcher.choose(DeviceLoad(), DeviceLoad(), remaining)
+        decision = self.dispatcher.choose(
+            DeviceLoad(workers=int(xpu)), DeviceLoad(workers=int(cpu)), remaining
+        )
         self._record(job.request_id, decision)
         return decision
 
@@ -231,7 +240,11 @@ class Handoff:
         return True
 
     def _record(self, what: str, decision: Decision) -> None:
-        record_dispatch(self.r, decision.device, decision.reason, self.keys, decision.rule)
+        self.ride(
+            lambda pipe: record_dispatch(
+                pipe, decision.device, decision.reason, self.keys, decision.rule
+            )
+        )
         labels = self.metrics.labels
         self.metrics.dispatch.labels(**labels, device=decision.device, rule=decision.rule).inc()
         log.debug(

@@ -18,11 +18,12 @@ from dataclasses import dataclass, field
 import msgspec
 import redis
 from syshax.broker import choices
+from syshax.broker.cancel_watch import CancelWatcher
 from syshax.broker.keys import Keys
 from syshax.broker.kv_store import KVStore
 from syshax.broker.schemas import DecodeJob, PrefillJob, RequestPart, SchemaError, check_types
 from syshax.broker.token_publisher import TokenPublisher
-from syshax.broker.worker_io import CancelWatcher, Entry, WorkQueues
+from syshax.broker.worker_io import Entry, WorkQueues
 from syshax.shared.sampling import SamplingError, SamplingParams
 
 from .worker_options import Claim, Job
@@ -97,9 +98,13 @@ class Intake:
     def _prefill(self, entry: Entry, msg: PrefillJob, params: SamplingParams | None) -> Taken:
         assert params is not None
         ids = msg.choice_ids()
+        # Cancels of a job queued while this worker listened were heard: no flag to read.
+        heard = not entry.reclaimed and self.cancels.covers(entry.entry_id)
         cancelled, handed = choices.open_choices(
-            self.r, self.keys, msg.request_id, ids, entry.reclaimed
+            self.r, self.keys, msg.request_id, ids, entry.reclaimed, flags=not heard
         )
+        if heard:
+            cancelled = {cid for cid in ids if self.cancels.heard(cid)}
         claim = Claim(entry, set())
         jobs = []
         for i, cid in enumerate(ids):
@@ -132,7 +137,7 @@ class Intake:
 
     def _decode(self, entry: Entry, msg: DecodeJob, params: SamplingParams | None) -> Taken:
         rid = msg.request_id
-        if self.cancels.is_cancelled(rid):
+        if self.cancels.is_cancelled(rid, entry.entry_id, entry.reclaimed):
             self._drop(entry, msg)
             return Taken()
         refusal = ""

@@ -22,14 +22,16 @@ import logging
 import threading
 import time
 from collections import deque
+from functools import partial
 
 import redis
+from syshax.broker.cancel_watch import CancelWatcher
 from syshax.broker.dispatcher import Dispatcher
 from syshax.broker.keys import KEYS, Keys
 from syshax.broker.kv_store import KVStore
 from syshax.broker.schemas import TokenEvent
 from syshax.broker.token_publisher import TokenPublisher
-from syshax.broker.worker_io import CancelWatcher, Entry, Heartbeat
+from syshax.broker.worker_io import Entry, Heartbeat, WorkQueues
 
 from .decode_start import start_decode
 from .engine import kv_prefault
@@ -40,6 +42,7 @@ from .farm_view import FarmView
 from .forks import Forks
 from .handoff import Handoff
 from .intake import Intake
+from .job_poll import JobPoll
 from .job_prefetch import JobPrefetch
 from .metrics import WorkerMetrics
 from .step_events import step_events
@@ -48,11 +51,6 @@ from .upkeep import Upkeep, load_fields
 from .worker_options import Job, WorkerOptions
 
 log = logging.getLogger(__name__)
-# While sequences run, look for new work at most this often. A real model's step takes
-# longer than this anyway; it only keeps a very fast engine (the echo stand-in, a big GPU)
-# from spending a Redis round trip per step on polling.
-POLL_INTERVAL_S = 0.005
-BATCH_POLL_S = 0.5
 
 
 class Worker:
@@ -79,7 +77,6 @@ class Worker:
         self.backlog: deque[Job] = deque()  # decode jobs waiting for a free slot
         self.forks = Forks()  # choices waiting for their request's prompt to be computed
         self.draining = False
-        self._last_poll = self._batch_polled = 0.0
         self.cadence = TokenCadence()
         # The poll for new work sent during the step, not before it (Redis streams only).
         self.prefetch = JobPrefetch() if self.streams.jobs.amqp is None else None
@@ -88,8 +85,10 @@ class Worker:
         self.farm = FarmView(r, keys, self.heartbeat, self.load_fields, self.streams.jobs)
         streams, kv, farm, m, hb = self.streams, self.kv, self.farm, self.metrics, self.heartbeat
         self.handoff = Handoff(
-            engine, opts, dispatcher, r=r, keys=keys, streams=streams, kv=kv, farm=farm, metrics=m
-        )
+            engine, opts, dispatcher, r=r, keys=keys, streams=streams, kv=kv, farm=farm, metrics=m,
+            ride=self.publisher.ride,
+        )  # fmt: skip
+        self.poll = JobPoll(streams, self.handoff, self.prefetch, opts.block_ms)
         self.upkeep = Upkeep(
             self, engine, opts, streams=streams, heartbeat=hb, kv=kv, farm=farm, metrics=m
         )
@@ -125,7 +124,9 @@ class Worker:
             self._step()
         else:
             self.cadence.idle()
-        self.publisher.flush_due()  # records of requests that made no token lately
+        # Records of requests that made no token lately; what rides on the next write (acks,
+        # dispatch records) goes now when no step comes next.
+        self.publisher.flush_due(idle=not self.engine.has_unfinished())
         self.upkeep.on_timers(time.monotonic())
 
     def _schedule(self) -> None:
@@ -142,47 +143,11 @@ class Worker:
         self._expire()
 
     def _prefetch_jobs(self) -> None:
-        """Right before a step: the next poll of the interactive streams, sent to run during
-        the step (job_prefetch.py); `_take` picks its entries up."""
-        now, free, streams = time.monotonic(), self.free_slots(), self.streams
-        if self.prefetch and not self.draining and free > 0 and now - self._last_poll >= POLL_INTERVAL_S:  # fmt: skip
-            self._last_poll = now
-            queues = [streams.work]
-            if streams.batch is not None and now - self._batch_polled >= BATCH_POLL_S:
-                self._batch_polled = now  # batch work too when the interactive gave none
-                queues.append(streams.batch)
-            self.prefetch.start(free, queues)
+        if not self.draining:
+            self.poll.before_step(self.free_slots())
 
     def _take(self, free: int, idle: bool) -> list[Entry]:
-        """Interactive work first; batch work only with slots to spare; block only when idle."""
-        now = time.monotonic()
-        streams = self.streams
-        # While the engine has work the poll goes out with the step (`_prefetch_jobs`): what
-        # the last one read, if any, is taken here, where the direct read was.
-        entries = self.prefetch.collect() if self.prefetch else None
-        if entries is None:
-            if not idle and now - self._last_poll < POLL_INTERVAL_S:
-                return []
-            if self.prefetch and not idle:
-                entries = []  # the next poll goes out with this step
-            else:
-                self._last_poll = now
-                entries = streams.work.read(free, None)
-        # Batch work waits for slots anyway: while streams run, its stream is read at most
-        # every BATCH_POLL_S, not on every step (a second round trip between two tokens).
-        batch_due = idle or now - self._batch_polled >= BATCH_POLL_S
-        if streams.batch is not None and not entries and free > 0 and batch_due:
-            self._batch_polled = now
-            entries = streams.batch.read(free, None)
-        if not entries and free > 0:
-            entries = self.handoff.take_queued()  # a CPU slot for a job waiting on the xPU
-        if not entries and free <= 0:  # a prompt for a CPU slot, via the xPU
-            entries = self.handoff.prefill_ahead(self.slots_held())
-        if not entries and idle:
-            # Nothing anywhere: block on every stream. Both were just seen empty, so whatever
-            # arrives first is served first; priority only matters while work waits.
-            entries = streams.idle.read(free, self.opts.block_ms)
-        return entries
+        return self.poll.take(free, idle, self.slots_held())
 
     @property
     def decode_slots(self) -> int:
@@ -288,21 +253,25 @@ class Worker:
             return None
 
     def _update(self, outs: list[StepOutput], rows: int | None) -> None:
-        """The step's tokens out first (the first token goes out before any KV handoff), then
-        finished requests ended and sequences just prefilled placed."""
+        """The step's tokens out (the first token goes out before any KV handoff), with the
+        acks of the requests it finished riding on the same write; then sequences just
+        prefilled placed."""
         self._publish(outs, rows)
         for o in outs:
             job = self.jobs.get(o.request_id)
-            if job is None:
+            if job is None or o.finished:
                 continue
-            if o.finished:
-                self._done(job)
-            elif job.kind == "prefill" and not job.in_process and self.handoff.place(job):
+            if job.kind == "prefill" and not job.in_process and self.handoff.place(job):
                 self.jobs.pop(job.request_id, None)  # its decode went elsewhere
 
     def _publish(self, outs: list[StepOutput], rows: int | None) -> None:
-        """The step's tokens in one pipeline, timed for the heartbeat's cadence model."""
+        """The step's tokens in one pipeline, the finished requests ended first so that their
+        acks ride on it (`_let_go`); timed for the heartbeat's cadence model."""
         events, gateways = step_events(outs, self.jobs, self.opts.device, self.opts.worker_id)
+        for o in outs:
+            job = self.jobs.get(o.request_id) if o.finished else None
+            if job is not None:
+                self._done(job)
         self.publisher.publish(events, gateways)
         self.cadence.published(rows, time.monotonic())
         self.metrics.generation_tokens.inc(len(outs))
@@ -316,12 +285,17 @@ class Worker:
     def _let_go(self, job: Job) -> None:
         """`job` is done with its entry: acked (or dead-lettered) when no other job of it is
         held here (the other choices of a prefill job)."""
-        claim = job.claim
+        claim, work = job.claim, self.streams.work
         if claim.let_go(job.request_id):
             if claim.dead_reason:
-                self.streams.work.dead_letter(claim.entry, claim.dead_reason)  # acks it too
+                work.dead_letter(claim.entry, claim.dead_reason)  # acks it too
+            elif isinstance(work, WorkQueues):
+                # On the next token write (a finished request's: the one with its last event)
+                # instead of a round trip of its own. A crash before it leaves the entry
+                # pending: whoever takes it over finds the request ended and acks it.
+                self.publisher.ride(partial(work.add_ack, entry=claim.entry))
             else:
-                self.streams.work.ack(claim.entry)
+                work.ack(claim.entry)  # RabbitMQ's: not a Redis command
 
     def _fail(self, job: Job, message: str, kind: str, dead_letter: bool = False) -> None:
         """End a request with an error event; `dead_letter`: its job is moved to the dead

@@ -28,6 +28,12 @@ def _beat(r, wid: str, model: str, cls: str, roles: str, running: int, waiting: 
     )
 
 
+def _record(r, *args) -> None:
+    pipe = r.pipeline(transaction=False)
+    record_dispatch(pipe, *args)
+    pipe.execute()
+
+
 def _farm(r) -> None:
     _beat(r, "s-xpu", "smol", "xpu", "prefill,decode", 3, 1, 8)
     _beat(r, "s-cpu", "smol", "cpu", "decode", 2, 0, 4)
@@ -36,9 +42,9 @@ def _farm(r) -> None:
     for _ in range(2):
         r.xadd(small.prefill_stream, {"j": b"x"})
     r.xadd(big.decode_stream("cpu"), {"j": b"x"})
-    record_dispatch(r, "cpu", "CPU finishes first (1.0s vs 2.0s)", small, "speed")
-    record_dispatch(r, "xpu", "xPU finishes first", small, "speed")
-    record_dispatch(r, "xpu", "no CPU decode worker", big, "no_cpu_decoder")
+    _record(r, "cpu", "CPU finishes first (1.0s vs 2.0s)", small, "speed")
+    _record(r, "xpu", "xPU finishes first", small, "speed")
+    _record(r, "xpu", "no CPU decode worker", big, "no_cpu_decoder")
 
 
 def test_the_snapshot_has_a_row_per_model_and_sums_the_farm(r):
@@ -57,7 +63,7 @@ def test_the_snapshot_has_a_row_per_model_and_sums_the_farm(r):
 
 
 def test_the_one_model_farm_keeps_its_counters_and_shows_no_model_rows(r):
-    record_dispatch(r, "cpu", "xPU at capacity", KEYS, "capacity")
+    _record(r, "cpu", "xPU at capacity", KEYS, "capacity")
     snap = snapshot(r, KEYS)
     assert snap["models"] == {} and snap["counts"] == {"xpu": 0, "cpu": 1}
     page = farm_view(r, KEYS)

@@ -184,3 +184,40 @@ def test_a_request_that_leaves_has_its_record_completed_at_once(r, keys):
     assert r.xlen(keys.gateway_stream("g")) == 2
     pub.settle({"nothing-held"})  # no-op
     assert r.xlen(keys.gateway_stream("g")) == 2
+
+
+def test_riders_go_with_the_next_write_or_alone_when_due(r, keys, monkeypatch):
+    """An ack (or a dispatch record) rides on the next token write after its events, costing
+    no round trip of its own; with no write coming it goes alone, after RIDE_MAX_S or at once
+    for an idle caller, and with a worker that stops."""
+    from syshax.broker import token_publisher
+
+    pub = TokenPublisher(r, keys, write_interval=0.0)
+    gw = {"a": "g"}
+    pub.ride(lambda pipe: pipe.incr("rider:1"))
+    pub.flush_due()  # not due: it waits for a write
+    assert r.get("rider:1") is None
+    sent = []
+    original = r.connection_pool.get_connection
+
+    def counted(*args, **kwargs):  # each pipeline takes one connection: one round trip
+        sent.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(r.connection_pool, "get_connection", counted)
+    pub.publish([tok("a", 0, last=0)], gw)  # an end: written at once, the rider with it
+    assert len(sent) == 1 and r.get("rider:1") == b"1"
+    assert [e.seq for e in pub.delivered("a", "g")] == [0]
+    monkeypatch.setattr(token_publisher, "RIDE_MAX_S", 0.05)
+    pub.ride(lambda pipe: pipe.incr("rider:2"))
+    pub.flush_due()
+    assert r.get("rider:2") is None
+    time.sleep(0.06)
+    pub.flush_due()  # past RIDE_MAX_S: alone
+    assert r.get("rider:2") == b"1"
+    pub.ride(lambda pipe: pipe.incr("rider:3"))
+    pub.flush_due(idle=True)  # no step comes next: at once
+    assert r.get("rider:3") == b"1"
+    pub.ride(lambda pipe: pipe.incr("rider:4"))
+    pub.flush_all()
+    assert r.get("rider:4") == b"1"

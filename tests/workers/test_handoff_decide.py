@@ -13,22 +13,30 @@ from syshax.workers.farm_view import FarmView
 from syshax.workers.handoff import Handoff
 
 
-def _handoff(running: int, capacity: int, roles: set[str], dispatcher: Dispatcher, peers):
-    """The handoff of an xPU worker with `running` of its `capacity` slots held, which sees
-    `peers` as the farm's other live workers."""
+def _handoff(
+    running: int, capacity: int, roles: set[str], dispatcher: Dispatcher, peers, cls: str = "xpu"
+):
+    """The handoff of an xPU (or `cls`) worker with `running` of its `capacity` slots held,
+    which sees `peers` as the farm's other live workers."""
     counter = prometheus_client.Counter("d", "d", ["device", "rule"], registry=None)
     me = {
-        "roles": ",".join(sorted(roles)), "device_class": "xpu", "capacity": capacity,
+        "roles": ",".join(sorted(roles)), "device_class": cls, "capacity": capacity,
         "running": running, "waiting": 0, "step_base_ms": 2.0, "step_row_ms": 0.1,
     }  # fmt: skip
     r = fakeredis.FakeRedis()
-    farm = FarmView(r, KEYS, SimpleNamespace(static={"id": "xpu", "host": "h"}), lambda: me)
+    farm = FarmView(r, KEYS, SimpleNamespace(static={"id": cls, "host": "h"}), lambda: me)
     farm.workers = lambda force=False: peers
+
+    def ride(add) -> None:  # the token write a dispatch record rides on, sent at once here
+        pipe = r.pipeline(transaction=False)
+        add(pipe)
+        pipe.execute()
+
     return Handoff(
         SimpleNamespace(output_ids=lambda rid: [7], max_model_len=512),
         SimpleNamespace(
-            worker_id="xpu",
-            device_class="xpu",
+            worker_id=cls,
+            device_class=cls,
             roles=frozenset(roles),
             handoff_slots=0,
             claim_s=2.0,
@@ -40,6 +48,7 @@ def _handoff(running: int, capacity: int, roles: set[str], dispatcher: Dispatche
         kv=SimpleNamespace(),
         farm=farm,
         metrics=SimpleNamespace(labels={}, dispatch=counter),
+        ride=ride,
     )
 
 
@@ -102,7 +111,29 @@ def test_a_live_cpu_decoder_sends_the_decision_to_the_loads():
     assert handoff.without_loads(JOB) is None
 
 
-def test_a_prefill_only_worker_always_reads_the_loads():
+def test_a_prefill_only_worker_reads_the_loads_when_both_classes_decode():
+    xpu_peer = {"id": "g2", "roles": "decode", "device_class": "xpu"}
     handoff = _handoff(1, 4, {"prefill"}, Dispatcher(slo_itl_s=0.050), [])
-    handoff.farm.workers = lambda force=False, max_age=0.0: []
+    handoff.farm.workers = lambda force=False, max_age=0.0: [xpu_peer, CPU_PEER]
     assert handoff.without_loads(JOB) is None
+    handoff.farm.workers = lambda force=False, max_age=0.0: [CPU_PEER]  # no xPU decoder
+    decision = handoff.without_loads(JOB)
+    assert decision is not None and (decision.device, decision.rule) == (CPU, "no_xpu_decoder")
+
+
+def test_a_cpu_worker_with_no_xpu_decoder_decides_without_the_loads():
+    """A CPU worker that prefills and decodes, alone in its farm (no xPU decoder, as in a
+    CPU-only farm): the decision is its own class, and no load is read; its heartbeat need
+    not be in the view yet (it counts itself)."""
+    handoff = _handoff(1, 4, {"prefill", "decode"}, Dispatcher(), [], cls="cpu")
+    handoff.farm.workers = lambda force=False, max_age=0.0: []
+
+    def no_loads():
+        raise AssertionError("the loads were read")
+
+    handoff.farm.loads = no_loads
+    decision = handoff.without_loads(JOB)
+    assert decision is not None and (decision.device, decision.rule) == (CPU, "no_xpu_decoder")
+    assert int(handoff.r.get(KEYS.dispatch_count(CPU))) == 1
+    job = SimpleNamespace(request_id="r2", params=SamplingParams(max_tokens=32))
+    assert handoff.place(job) is False and job.in_process  # it stays in this engine

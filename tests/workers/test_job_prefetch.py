@@ -13,7 +13,8 @@ from syshax.broker.keys import KEYS
 from syshax.broker.schemas import PrefillJob
 from syshax.shared.sampling import SamplingParams
 from syshax.workers.echo_engine import EchoEngine
-from syshax.workers.worker import POLL_INTERVAL_S, Worker, WorkerOptions
+from syshax.workers.job_poll import POLL_INTERVAL_S
+from syshax.workers.worker import Worker, WorkerOptions
 
 
 def _submit(r: redis.Redis, rid: str, tokens: int) -> None:

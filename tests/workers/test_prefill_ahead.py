@@ -31,7 +31,7 @@ def _prompt(r: redis.Redis, rid: str, tokens: int = 50) -> None:
 
 def _take(w: Worker) -> list:
     """The worker's next read, past its rate limits (the 5 ms poll, handoff.LOAD_CHECK_S)."""
-    w._last_poll = w.handoff.loads_checked_at = 0.0
+    w.poll._last_poll = w.handoff.loads_checked_at = 0.0
     return w._take(w.free_slots(), idle=False)
 
 
@@ -62,6 +62,7 @@ def test_a_full_xpu_prefills_a_prompt_for_a_cpu_with_room(xpu):
     jobs = xpu.r.xrange(KEYS.decode_stream("cpu"))
     assert [DecodeJob.unpack(f[b"j"]).request_id for _, f in jobs] == ["c"]
     assert [e.seq for e in xpu.publisher.delivered("c")] == [0], "its first token, from the xPU"
+    xpu.publisher.flush_all()  # the dispatch record rides on the next token write
     log = xpu.r.lindex(KEYS.dispatch_log, 0).decode()
     assert " cpu [slo] CPU within the SLO" in log, log
 

@@ -41,6 +41,8 @@ def test_a_cpu_decoder_takes_jobs_queued_for_an_xpu_class_with_no_decoder(redis_
         # rest on the xpu stream, where (with this topology) nobody ever decodes.
         assert wait_for(lambda: r.xlen(KEYS.decode_stream("xpu")) == 1, 10)
         assert [e.seq for e in _events(r, rid)] == [0]
+        # (the dispatch record rides on the worker's next write: within RIDE_MAX_S)
+        assert wait_for(lambda: r.lindex(KEYS.dispatch_log, 0) is not None, 5)
         assert r.lindex(KEYS.dispatch_log, 0).decode().endswith("no CPU decode worker")
         decoder = echo_worker(redis_url, "cpu0", {"decode"}, "cpu")
         threads.append(threading.Thread(target=decoder.serve, args=(stop, 2.0), daemon=True))
