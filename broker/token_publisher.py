@@ -80,15 +80,24 @@ class TokenPublisher:
         for add in riders:
             add(pipe)
 
-    def publish(self, events: list[TokenEvent], gateways: dict[str, str] | None = None) -> None:
+    def publish(
+        self,
+        events: list[TokenEvent],
+        gateways: dict[str, str] | None = None,
+        read: Rider | None = None,
+    ) -> list | None:
         """`gateways`: request id -> the id of the gateway that submitted it (from its job);
         a request without one (a batch job, read from its record) has its record written.
 
         A step that comes less than WRITE_INTERVAL_S after the last write is held back and
         goes with the next (or with `flush_due`), unless it has a request's first event or
-        an end: an engine that steps faster than that has its steps written together."""
+        an end: an engine that steps faster than that has its steps written together.
+
+        `read`: commands whose replies the caller wants (the worker's poll for new jobs), put
+        last on this write: their replies (errors as exceptions, not raised), or None when
+        nothing was written now (the caller reads another time)."""
         if not events:
-            return
+            return None
         gateways = gateways or {}
         if self._steps is not None:
             held, held_gateways = self._steps
@@ -97,10 +106,16 @@ class TokenPublisher:
         now = time.monotonic()
         if now - self._last_write < self.write_interval and not _urgent(events):
             self._steps = (events, gateways)
-            return
-        self._write(events, gateways, now)
+            return None
+        return self._write(events, gateways, now, read)
 
-    def _write(self, events: list[TokenEvent], gateways: dict[str, str], now: float) -> None:
+    def _write(
+        self,
+        events: list[TokenEvent],
+        gateways: dict[str, str],
+        now: float,
+        read: Rider | None = None,
+    ) -> list | None:
         self._last_write = now
         by_request: dict[str, list[bytes]] = {}
         ended: set[str] = set()
@@ -131,7 +146,17 @@ class TokenPublisher:
             if self._ttl_due(stream, now, False):
                 pipe.expire(stream, self.output_ttl)
         self._add_riders(pipe)
-        pipe.execute()
+        if read is None:
+            pipe.execute()
+            return None
+        start = len(pipe.command_stack)
+        read(pipe)
+        replies = pipe.execute(raise_on_error=False)
+        ours = replies[:start]
+        for reply in ours:  # the write's own errors raise as they would without `read`
+            if isinstance(reply, Exception):
+                raise reply
+        return replies[start:]
 
     def _held_back(self, rid: str, packed: list[bytes], now: float) -> bool:
         """Hold a gateway's request's events back from its record (its gateway stream has

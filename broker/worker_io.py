@@ -69,25 +69,41 @@ class WorkQueues:
         if count <= 0:
             return []
         try:
-            reply = self.r.xreadgroup(
-                self.group,
-                self.consumer,
-                {s: ">" for s in self.streams},
-                count=count,
-                block=block_ms,
-            )
+            reply = self.r.xreadgroup(**self._read_args(count, block_ms))
         except redis.ResponseError as exc:
-            if "NOGROUP" not in str(exc):
-                raise
+            return self.read_reply(exc)
+        return self.read_reply(reply)
+
+    def add_read(self, pipe: redis.client.Pipeline, count: int) -> None:
+        """A non-blocking `read` on a pipeline (the worker's token write carries its poll:
+        token_publisher.TokenPublisher.publish); its reply goes to `read_reply`."""
+        pipe.xreadgroup(**self._read_args(count, None))
+
+    def read_reply(self, reply) -> list[Entry]:
+        """The entries of an XREADGROUP's reply (or of the error it gave)."""
+        if isinstance(reply, redis.ResponseError):
+            if "NOGROUP" not in str(reply):
+                raise reply
             # Redis restarted empty under us (the client reconnected by itself): recreate.
-            log.warning("consumer group gone (%s); recreating it", exc)
+            log.warning("consumer group gone (%s); recreating it", reply)
             self.ensure_groups()
             return []
+        if isinstance(reply, Exception):
+            raise reply
         out = []
         for stream, entries in reply or []:
             for entry_id, fields in entries:
                 out.append(Entry(_s(stream), _s(entry_id), _job_data(fields)))
         return out
+
+    def _read_args(self, count: int, block_ms: int | None) -> dict:
+        return {
+            "groupname": self.group,
+            "consumername": self.consumer,
+            "streams": {s: ">" for s in self.streams},
+            "count": count,
+            "block": block_ms,
+        }
 
     def own_pending(self, count: int = 1000) -> list[Entry]:
         """Entries still pending under this consumer name: left by an earlier process with the

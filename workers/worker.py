@@ -144,7 +144,7 @@ class Worker:
 
     def _prefetch_jobs(self) -> None:
         if not self.draining:
-            self.poll.before_step(self.free_slots())
+            self.poll.before_step(self.free_slots(), will_write=self.engine.num_running > 0)
 
     def _take(self, free: int, idle: bool) -> list[Entry]:
         return self.poll.take(free, idle, self.slots_held())
@@ -272,7 +272,7 @@ class Worker:
             job = self.jobs.get(o.request_id) if o.finished else None
             if job is not None:
                 self._done(job)
-        self.publisher.publish(events, gateways)
+        self.poll.written(self.publisher.publish(events, gateways, self.poll.read_on_write()))
         self.cadence.published(rows, time.monotonic())
         self.metrics.generation_tokens.inc(len(outs))
 
@@ -346,8 +346,7 @@ class Worker:
         """SIGTERM: take no new work, finish what runs (up to `timeout`), hand back the rest."""
         self.draining = True
         self.streams.jobs.stop_pushes()  # RabbitMQ's pushed jobs to the other workers now
-        if self.prefetch:  # what the last step's poll read goes back for another worker
-            self.prefetch.give_back(self.streams.work)
+        self.poll.give_back()  # what the last step's poll read goes back for another worker
         end = time.monotonic() + timeout
         while (self.jobs or self.engine.has_unfinished()) and time.monotonic() < end:
             self.iterate()

@@ -1,6 +1,8 @@
-"""The worker's poll for new jobs runs during the step (workers/job_prefetch.py): a job queued
-while a stream decodes is read by the read sent before the next step, accepted at the schedule
-after it, and nothing is read twice or lost; a draining worker puts back what that read got."""
+"""The worker's poll for new jobs goes with the step's token write while streams decode
+(workers/job_poll.py), and on a thread during a step that writes nothing (a prompt-only step:
+workers/job_prefetch.py): a job queued while a stream decodes is read by that poll, accepted at
+the schedule after it, and nothing is read twice or lost; a draining worker puts back what
+either read got."""
 
 from __future__ import annotations
 
@@ -33,7 +35,7 @@ def _pending(r: redis.Redis) -> int:
     return r.xpending(KEYS.prefill_stream, KEYS.prefill_group)["pending"]
 
 
-def test_a_job_queued_mid_stream_is_read_during_a_step_and_started_after_it(redis_url):
+def test_a_job_queued_mid_stream_is_read_with_the_step_s_write_and_started_after_it(redis_url):
     r = redis.Redis.from_url(redis_url)
     w = _worker(redis_url)
     _submit(r, "a", 16)
@@ -42,11 +44,18 @@ def test_a_job_queued_mid_stream_is_read_during_a_step_and_started_after_it(redi
     assert not w.prefetch.collect(), "a poll sent with the prefill (a slow host) found nothing"
     _submit(r, "b", 4)
     time.sleep(POLL_INTERVAL_S)
-    w.iterate()  # "b" is read during this step, by the read sent right before it...
-    assert "b" not in w.jobs and w.prefetch.in_flight
+    direct = w.streams.work.read
+
+    def no_direct_read(*args, **kwargs):
+        raise AssertionError("a read of its own while a stream decodes")
+
+    w.streams.work.read = no_direct_read
+    w.iterate()  # "b" is read by the poll on this step's token write...
+    assert "b" not in w.jobs and not w.prefetch.in_flight
     assert _pending(r) == 2, "read: pending under this worker, as a direct read leaves it"
     w.iterate()  # ...and accepted at the next schedule, where the direct read was
     assert "b" in w.jobs
+    w.streams.work.read = direct
     while w.engine.has_unfinished():
         w.iterate()
     for rid, n in (("a", 16), ("b", 4)):
@@ -63,7 +72,7 @@ def test_a_draining_worker_puts_back_what_the_step_s_read_got(redis_url):
     assert not w.prefetch.collect()
     _submit(r, "b", 4)
     time.sleep(POLL_INTERVAL_S)
-    w._prefetch_jobs()
+    w.poll.before_step(w.free_slots(), will_write=False)  # a step that writes nothing
     assert w.prefetch.in_flight
     deadline = time.monotonic() + 5
     while _pending(r) < 2 and time.monotonic() < deadline:  # "b" read, not yet taken
@@ -72,6 +81,27 @@ def test_a_draining_worker_puts_back_what_the_step_s_read_got(redis_url):
     assert "b" not in w.jobs and w.publisher.delivered("b") == []
     assert [e.seq for e in w.publisher.delivered("a")] == [0, 1, 2, 3]
     # "b" is back on its stream, unread, for another worker; nothing is left pending.
+    assert _pending(r) == 0
+    other = _worker(redis_url)
+    taken = other._take(other.free_slots(), idle=True)
+    assert len(taken) == 1 and PrefillJob.unpack(taken[0].data).request_id == "b"
+
+
+def test_a_draining_worker_puts_back_what_the_write_s_poll_got(redis_url):
+    r = redis.Redis.from_url(redis_url)
+    w = _worker(redis_url)
+    _submit(r, "a", 8)
+    w.iterate()
+    assert not w.prefetch.collect()
+    _submit(r, "b", 4)
+    time.sleep(POLL_INTERVAL_S)
+    w._schedule()
+    w._prefetch_jobs()
+    w._step()  # the poll rides on this step's write: "b" read, not yet taken
+    assert _pending(r) == 2 and "b" not in w.jobs
+    w.drain(timeout=5)
+    assert "b" not in w.jobs and w.publisher.delivered("b") == []
+    assert [e.seq for e in w.publisher.delivered("a")] == list(range(8))
     assert _pending(r) == 0
     other = _worker(redis_url)
     taken = other._take(other.free_slots(), idle=True)
