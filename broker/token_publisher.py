@@ -149,7 +149,7 @@ class TokenPublisher:
         if read is None:
             pipe.execute()
             return None
-        start = len(pipe.command_stack)
+        start = len(pipe)  # (a cluster pipeline keeps its commands elsewhere)
         read(pipe)
         replies = pipe.execute(raise_on_error=False)
         ours = replies[:start]

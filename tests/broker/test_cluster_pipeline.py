@@ -1,0 +1,54 @@
+"""The worker's token write on a Redis Cluster: riders (an ack, a dispatch record) and the poll
+for new jobs on the same pipeline, whose commands a cluster pipeline sends to several nodes
+(TokenPublisher.publish(read=...), WorkQueues.add_read). The slow tests run a whole farm on a
+cluster (tests/reliability/test_redis_cluster.py); this one checks the pipeline itself."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import pytest
+from redis.cluster import RedisCluster
+from syshax.broker.keys import KEYS
+from syshax.broker.schemas import TokenEvent
+from syshax.broker.token_publisher import TokenPublisher
+from syshax.broker.worker_io import WorkQueues, record_dispatch
+
+from ..redis_cluster import LocalCluster, cluster_tools
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    why = cluster_tools()
+    if why:
+        pytest.skip(f"no Redis Cluster can be started here: {why}")
+    c = LocalCluster().start()
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+def test_a_token_write_carries_riders_and_a_poll_on_a_cluster(cluster):
+    r = RedisCluster.from_url(cluster.url)
+    queues = WorkQueues(r, [KEYS.prefill_stream], "w0")
+    queues.ensure_groups()
+    done = queues.read(1, None)
+    assert done == []
+    r.xadd(KEYS.prefill_stream, {"j": b"first"})
+    (first,) = queues.read(1, None)
+    r.xadd(KEYS.prefill_stream, {"j": b"second"})
+    pub = TokenPublisher(r, KEYS, write_interval=0.0)
+    pub.ride(partial(queues.add_ack, entry=first))
+    pub.ride(
+        lambda pipe: record_dispatch(pipe, "cpu", "no xPU decode worker", KEYS, "no_xpu_decoder")
+    )
+    end = TokenEvent(request_id="req-1", seq=0, token_id=1, text="a", finish_reason="stop")
+    replies = pub.publish([end], {"req-1": "gw1"}, partial(queues.add_read, count=4))
+    taken = queues.read_reply(replies[0])
+    assert [e.data for e in taken] == [b"second"], "the poll's reply, from its own node"
+    assert [e.seq for e in pub.delivered("req-1", "gw1")] == [0]
+    assert r.xpending(KEYS.prefill_stream, queues.group)["pending"] == 1, "first acked"
+    assert r.xlen(KEYS.prefill_stream) == 1, "first deleted, second waits for its ack"
+    assert r.lindex(KEYS.dispatch_log, 0).decode().endswith("[no_xpu_decoder] no xPU decode worker")
+    r.close()
