@@ -67,9 +67,6 @@ class EmbeddedRedis:
             "--dir", self._dir.name,
             "--protected-mode", "yes",
             "--loglevel", "warning",
-            # 100 timer ticks a second (default 10): blocking reads with short timeouts
-            # (idle workers wait 100 ms) then wake on time instead of up to 100 ms late.
-            "--hz", "100",
         ]  # fmt: skip
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         client = redis.Redis(port=self.port, socket_connect_timeout=0.2)

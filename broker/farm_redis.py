@@ -124,9 +124,6 @@ class FarmRedis:
             "appendfsync everysec",
             f"maxmemory {self.maxmemory_mib}mb",
             "maxmemory-policy noeviction",
-            # 100 timer ticks a second (default 10): blocking reads with short timeouts (idle
-            # workers wait 100 ms) then wake on time instead of up to 100 ms late.
-            "hz 100",
             "user default off",
             f"user {USER} on >{self.password} ~* &* +@all {denied}",
         ]
