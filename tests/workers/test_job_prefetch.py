@@ -64,6 +64,18 @@ def test_a_job_queued_mid_stream_is_read_with_the_step_s_write_and_started_after
     assert _pending(r) == 0 and r.xlen(KEYS.prefill_stream) == 0, "each acked once"
 
 
+def _drained_back(r: redis.Redis, w: Worker, redis_url: str, a_tokens: int) -> None:
+    """Drain `w`, which runs "a" and has read "b" without taking it: "a" finishes, "b" is back
+    on its stream, unread, for another worker, and nothing is left pending."""
+    w.drain(timeout=5)
+    assert "b" not in w.jobs and w.publisher.delivered("b") == []
+    assert [e.seq for e in w.publisher.delivered("a")] == list(range(a_tokens))
+    assert _pending(r) == 0
+    other = _worker(redis_url)
+    taken = other._take(other.free_slots(), idle=True)
+    assert len(taken) == 1 and PrefillJob.unpack(taken[0].data).request_id == "b"
+
+
 def test_a_draining_worker_puts_back_what_the_step_s_read_got(redis_url):
     r = redis.Redis.from_url(redis_url)
     w = _worker(redis_url)
@@ -77,14 +89,7 @@ def test_a_draining_worker_puts_back_what_the_step_s_read_got(redis_url):
     deadline = time.monotonic() + 5
     while _pending(r) < 2 and time.monotonic() < deadline:  # "b" read, not yet taken
         time.sleep(0.01)
-    w.drain(timeout=5)
-    assert "b" not in w.jobs and w.publisher.delivered("b") == []
-    assert [e.seq for e in w.publisher.delivered("a")] == [0, 1, 2, 3]
-    # "b" is back on its stream, unread, for another worker; nothing is left pending.
-    assert _pending(r) == 0
-    other = _worker(redis_url)
-    taken = other._take(other.free_slots(), idle=True)
-    assert len(taken) == 1 and PrefillJob.unpack(taken[0].data).request_id == "b"
+    _drained_back(r, w, redis_url, a_tokens=4)
 
 
 def test_a_draining_worker_puts_back_what_the_write_s_poll_got(redis_url):
@@ -99,10 +104,4 @@ def test_a_draining_worker_puts_back_what_the_write_s_poll_got(redis_url):
     w._prefetch_jobs()
     w._step()  # the poll rides on this step's write: "b" read, not yet taken
     assert _pending(r) == 2 and "b" not in w.jobs
-    w.drain(timeout=5)
-    assert "b" not in w.jobs and w.publisher.delivered("b") == []
-    assert [e.seq for e in w.publisher.delivered("a")] == list(range(8))
-    assert _pending(r) == 0
-    other = _worker(redis_url)
-    taken = other._take(other.free_slots(), idle=True)
-    assert len(taken) == 1 and PrefillJob.unpack(taken[0].data).request_id == "b"
+    _drained_back(r, w, redis_url, a_tokens=8)
