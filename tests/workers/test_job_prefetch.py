@@ -76,14 +76,21 @@ def _drained_back(r: redis.Redis, w: Worker, redis_url: str, a_tokens: int) -> N
     assert len(taken) == 1 and PrefillJob.unpack(taken[0].data).request_id == "b"
 
 
-def test_a_draining_worker_puts_back_what_the_step_s_read_got(redis_url):
+def _a_running_b_queued(redis_url: str, a_tokens: int) -> tuple[redis.Redis, Worker]:
+    """A worker running "a" (its prefill's poll found nothing), with "b" queued since and its
+    next poll due."""
     r = redis.Redis.from_url(redis_url)
     w = _worker(redis_url)
-    _submit(r, "a", 4)
+    _submit(r, "a", a_tokens)
     w.iterate()
     assert not w.prefetch.collect()
     _submit(r, "b", 4)
     time.sleep(POLL_INTERVAL_S)
+    return r, w
+
+
+def test_a_draining_worker_puts_back_what_the_step_s_read_got(redis_url):
+    r, w = _a_running_b_queued(redis_url, a_tokens=4)
     w.poll.before_step(w.free_slots(), will_write=False)  # a step that writes nothing
     assert w.prefetch.in_flight
     deadline = time.monotonic() + 5
@@ -93,13 +100,7 @@ def test_a_draining_worker_puts_back_what_the_step_s_read_got(redis_url):
 
 
 def test_a_draining_worker_puts_back_what_the_write_s_poll_got(redis_url):
-    r = redis.Redis.from_url(redis_url)
-    w = _worker(redis_url)
-    _submit(r, "a", 8)
-    w.iterate()
-    assert not w.prefetch.collect()
-    _submit(r, "b", 4)
-    time.sleep(POLL_INTERVAL_S)
+    r, w = _a_running_b_queued(redis_url, a_tokens=8)
     w._schedule()
     w._prefetch_jobs()
     w._step()  # the poll rides on this step's write: "b" read, not yet taken
