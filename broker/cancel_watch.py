@@ -23,13 +23,10 @@ import redis
 
 from .connect import Subscriber
 from .keys import KEYS, Keys
+from .worker_io import _s  # the worker's bytes-to-text, where this class lived before
 
 RECENT_MAX = 100_000  # cancelled ids kept (~10 MB at most)
 RECENT_S = 900.0  # ...and for at most this long (a cancel flag lives output_ttl, 600 s)
-
-
-def _s(x) -> str:
-    return x.decode() if isinstance(x, bytes) else x
 
 
 def entry_ms(entry_id: str) -> int | None:
