@@ -64,6 +64,11 @@ def run_ours(engine, prompts: list[list[int]], streams: int, max_tokens: int) ->
     from syshax.shared.sampling import SamplingParams
 
     params = SamplingParams(max_tokens=max_tokens, temperature=0)
+    # Every run starts cold, as llama-server's fresh server per mode does: prompts seen in an
+    # earlier round (or the warm-up) would otherwise be prefix-cache hits and skip their
+    # prefill. Within a run, prompts still share what they share (the chat template's
+    # system prompt), as a llama-server slot reuses its last prompt's prefix.
+    engine.reset_prefix_cache()
     spec0 = (engine.stats.spec.proposed, engine.stats.spec.accepted)
     steps0 = (engine.stats.spec.decode_chunks, engine.stats.spec.decode_tokens)
     outputs: dict[str, list[int]] = {}

@@ -118,6 +118,20 @@ class BlockManager:
             seq.block_keys.append(key)
         return len(seq.block_table) * self.block_size
 
+    def reset_prefix_cache(self) -> int:
+        """Forget every cached prefix nobody holds (vLLM's reset_prefix_cache): their blocks
+        become plain free blocks, so the next prompts compute from scratch, as a cold worker
+        would (a benchmark's rounds, a fresh start without a reload). Blocks that running
+        sequences hold keep their keys (others may still share them). Returns the blocks
+        forgotten."""
+        forgotten = list(self.evictable)
+        for block in forgotten:
+            del self.cached[self.key_of[block]]
+            self.key_of[block] = None
+            self.free.append(block)
+        self.evictable.clear()
+        return len(forgotten)
+
     def cache_full_blocks(self, seq: Sequence) -> None:
         """Make `seq`'s blocks whose positions are all computed findable by later prompts."""
         if not self.prefix_caching:

@@ -172,6 +172,12 @@ class EngineCore(SchedulerRequests):
         self.scheduler.observe_step(step.num_rows - decode_rows, decode_rows, seconds)
         return outs
 
+    def reset_prefix_cache(self) -> int:
+        """Forget the cached prompt prefixes no running request holds; returns how many blocks
+        (block_manager.py). A benchmark calls it between rounds, so a prompt seen in an
+        earlier round is computed again rather than found."""
+        return self.scheduler.blocks.reset_prefix_cache()
+
     def generate(
         self, prompt_ids: Seq[int], params: SamplingParams, request_id: str = "gen"
     ) -> Iterator[StepOutput]:

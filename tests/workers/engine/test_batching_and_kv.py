@@ -264,6 +264,27 @@ def test_prefix_cache_hit_gives_the_uncached_tokens(tiny_models, op_mode):
     assert eng.kv_blocks[0] == eng.kv_blocks[1]  # all free again (cached ones count as free)
 
 
+def test_reset_prefix_cache_makes_a_seen_prompt_compute_again(tiny_models):
+    """After reset_prefix_cache a prompt seen before is computed in full (no hit) and gives
+    the same tokens; a running request's blocks keep their keys."""
+    folder, _ = tiny_models["qwen3"]
+    prompt = [(5 * i + 1) % 300 + 7 for i in range(40)]
+    eng = _engine(folder)
+    first = [o.token_id for o in eng.generate(prompt, _greedy(6), "a")]
+    blocks = eng.scheduler.blocks
+    assert eng.reset_prefix_cache() == 40 // blocks.block_size
+    computed = eng.stats.prompt_tokens
+    again = [o.token_id for o in eng.generate(prompt, _greedy(6), "b")]
+    assert again == first
+    assert blocks.hits == 0 and eng.stats.prompt_tokens - computed == len(prompt)
+    eng.add_request("held", prompt, _greedy(50))
+    eng.step()  # its prompt computed: full blocks keyed and held
+    assert eng.reset_prefix_cache() == 0  # held blocks are not forgotten
+    assert blocks.cached and all(blocks.refs[b] for b in blocks.cached.values())
+    eng.abort("held")
+    assert eng.kv_blocks[0] == eng.kv_blocks[1]
+
+
 @pytest.mark.parametrize("op_mode", [None, "fused"])
 def test_preemption_under_memory_pressure_loses_no_tokens(tiny_models, op_mode):
     """A KV cache of 10 blocks (160 positions) for 4 sequences that grow to ~45 positions
