@@ -34,6 +34,7 @@ class Sequence:
     # tokens the target accepted (None before its first verified proposal).
     acceptance: float | None = None
     ngram_draft: Any = None  # its last n-gram draft (ngram_lookup.OpenDraft), until settled
+    ngram_cursor: Any = None  # where it last copied from (ngram_lookup.Cursor)
     # its ids as the n-gram lookup searches them (ngram_lookup.Haystack), appended to per step
     ngram_hay: Any = field(default=None, compare=False, repr=False)
 

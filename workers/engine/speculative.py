@@ -10,7 +10,9 @@ target agrees with and adds the target's own next token, so a step yields 1 to k
 * Proposer: n-gram prompt lookup (vLLM's ngram proposer, llama.cpp's ngram modes): the longest
   suffix of the sequence's ids (2 to 32 tokens) that occurred before in its prompt or output
   is found (ngram_lookup.py), and the tokens that followed it are proposed (the latest
-  occurrence, unless most occurrences continue otherwise). No extra model: it pays on
+  occurrence, unless most occurrences continue otherwise). When no suffix recurs because
+  the sequence just changed a token of what it copies, the copy is picked up where it was
+  (`ngram_lookup.realign`). No extra model: it pays on
   input-grounded work (repeat, rewrite, fix, extract, edit code). Or a draft model
   with the target's tokenizer (draft_proposer.py; the scheduler's `drafter`), whose k small
   steps are priced into k too.
@@ -146,9 +148,18 @@ class SpecPolicy:
             draft, match = ngram_lookup.propose_in(ids, k, c.ngram_min, c.ngram_max)
         else:
             draft, match = ngram_lookup.propose(ids, k, c.ngram_min, c.ngram_max)
-        if match is None:
-            return []
-        cls = ngram_lookup.match_class(match)
+        if match is not None:
+            cls = ngram_lookup.match_class(match)
+            if seq is not None:
+                seq.ngram_cursor = ngram_lookup.Cursor(match.follow, len(ids))
+        else:  # no suffix recurs: pick the copy up where it was (ngram_lookup.realign)
+            follow = None
+            if seq is not None and seq.ngram_cursor is not None and k >= 1:
+                follow = ngram_lookup.realign(seq.ngram_hay, seq.ngram_cursor)
+            if follow is None:
+                return []
+            seq.ngram_cursor = ngram_lookup.Cursor(follow, len(ids))
+            draft, cls = seq.ngram_hay[follow : follow + k], ngram_lookup.REALIGNED
         a = self.classes.estimate(cls)
         if seq is not None and seq.acceptance is not None:
             a = (a + seq.acceptance) / 2

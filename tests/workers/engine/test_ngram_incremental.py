@@ -68,7 +68,8 @@ def test_the_policy_proposes_from_the_sequences_haystack_as_from_its_ids():
     seq = Sequence("s", [rng.choice(TOKENS[:5]) for _ in range(30)], SamplingParams())
     twin = Sequence("t", list(seq.prompt_ids), SamplingParams())
     for _ in range(60):
-        a, b = inc.propose(None, 4, seq), ref.propose(list(twin.all_ids), 4, None)
+        twin.ngram_hay = None  # the twin's ids are searched afresh each time
+        a, b = inc.propose(None, 4, seq), ref.propose(None, 4, twin)
         assert a == b and len(seq.ngram_hay) == seq.length
         kept = a[: rng.randint(0, len(a))] + [rng.choice(TOKENS[:5])]  # accepted + target's
         seq.output_ids += kept
@@ -91,7 +92,7 @@ def test_a_scheduled_sequence_with_rejections_and_preemption_proposes_as_a_rebui
     step = s.schedule()
     s.update(step, [1], [None])
     seq = s.sequences["a"]
-    checked = 0
+    checked = realigned = 0
     for n in range(120):
         if n in (30, 70):  # preempted: back to waiting, prefilled again from its ids
             s._preempt(seq)
@@ -103,11 +104,16 @@ def test_a_scheduled_sequence_with_rejections_and_preemption_proposes_as_a_rebui
         step = s.schedule()
         (chunk,) = step.chunks
         want, _ = ngram_lookup.propose(ids, 4, cfg.ngram_min, cfg.ngram_max)
-        assert chunk.draft == want  # flat costs: every proposed token pays
+        if want or seq.ngram_draft is None or seq.ngram_draft.cls != ngram_lookup.REALIGNED:
+            assert chunk.draft == want  # flat costs: every proposed token pays
+        else:  # no suffix recurs: copied from the realigned position, read from the ids
+            src = seq.ngram_cursor.src
+            assert chunk.draft == ids[src : src + 4] and seq.ngram_cursor.at == len(ids)
+            realigned += 1
         assert len(seq.ngram_hay) == len(ids)
         checked += bool(chunk.draft)
         keep = rng.randint(0, len(chunk.draft))  # drafts accepted, then the target's own
         tokens = chunk.draft[:keep] + [rng.choice(TOKENS[:4])]
         s.update(step, tokens, [None] * len(tokens), counts=[len(tokens)])
-    assert checked > 40
+    assert checked > 40 and realigned > 0, (checked, realigned)
     assert seq.ngram_hay.rebuilds == 1

@@ -128,6 +128,39 @@ def test_the_next_proposal_settles_the_last_draft_into_its_class():
     assert ngram_lookup.OpenDraft(5, (1, 2), cls).accepted([0] * 4) is None  # a reset sequence
 
 
+def test_a_copy_broken_by_a_changed_token_is_picked_up_where_it_was():
+    """A sequence copying its prompt fixes one token: no suffix of its ids recurs, so the draft
+    comes from the copy's old position, realigned on its last token (a realigned class)."""
+    policy = SpecPolicy(SpecConfig(method="ngram", num_tokens=4))
+    policy.classes.add(ngram_lookup.REALIGNED, 50, 50)  # drafts of this kind were accepted
+    prompt = [1, 2, 3, 4, 5, 66, 7, 8, 9, 10, 11, 12, 90]  # 66: the typo
+    seq = Sequence("s", prompt, SamplingParams())
+    seq.output_ids = [1, 2, 3]  # copying from the prompt's start
+    assert policy.propose(seq.all_ids, 4, seq) == [4, 5, 66, 7]
+    seq.output_ids = [1, 2, 3, 4, 5, 6]  # 4 and 5 accepted, 6 (not 66) is the target's own
+    assert ngram_lookup.longest_match(seq.all_ids, 2, 32) is None  # [5, 6] never occurred
+    assert policy.propose(seq.all_ids, 4, seq) == []  # 6 is nowhere: nothing to realign on
+    seq.output_ids = [1, 2, 3, 4, 5, 6, 7]  # ... and 7 follows: the copy goes on after it
+    assert policy.propose(seq.all_ids, 4, seq) == [8, 9, 10, 11]
+    assert seq.ngram_draft.cls == ngram_lookup.REALIGNED
+    # Only near where the copy would be: a sequence with no copy position has no draft.
+    fresh = Sequence("f", prompt, SamplingParams())
+    fresh.output_ids = [1, 2, 3, 4, 5, 6, 7]
+    assert policy.propose(fresh.all_ids, 4, fresh) == []
+
+
+def test_realign_looks_only_near_the_expected_position():
+    hay = ngram_lookup.Haystack().sync([9, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15], [7])
+    # The last id (7) was expected at 7 (copy position 7 when 16 ids were held, one added).
+    assert ngram_lookup.realign(hay, ngram_lookup.Cursor(7, 16)) == 8
+    # Expected far from any 7 (window: 3 before, 10 after): nothing.
+    assert ngram_lookup.realign(hay, ngram_lookup.Cursor(15 + 3, 16)) is None
+    # 9 occurs at 0 and 9: the nearer to the expected position wins.
+    hay9 = ngram_lookup.Haystack().sync([9, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13], [9])
+    assert ngram_lookup.realign(hay9, ngram_lookup.Cursor(2, 14)) == 1
+    assert ngram_lookup.realign(hay9, ngram_lookup.Cursor(8, 14)) == 10
+
+
 def test_acceptance_counts_the_drafts_checked_and_recovers_when_idle():
     assert SpecPolicy.updated(None, 4, 2) == 2 / 3  # 2 accepted, the 3rd rejected
     assert SpecPolicy.updated(None, 4, 4) == 1.0
