@@ -49,6 +49,7 @@ from .dead_letters import DeadLetter, DeadLetterError, decode_job, error_entries
 from .keys import Keys
 from .kv_store import KVStore
 from .schemas import DecodeJob
+from .text import as_text
 
 log = logging.getLogger(__name__)
 MAX_SCAN = 10_000  # letters one action reads at most (the oldest first)
@@ -59,10 +60,6 @@ DEATHS = {
     "expired": "expired in its queue",
     "maxlen": "dropped by its queue's length limit",
 }
-
-
-def _text(value: Any) -> str:
-    return value.decode(errors="replace") if isinstance(value, bytes) else str(value or "")
 
 
 def _when(value: Any) -> float | None:
@@ -133,11 +130,11 @@ class AmqpDeadLetters:
         headers = props.headers or {}
         deaths = headers.get("x-death") or [{}]
         death = deaths[0] if isinstance(deaths, list) and isinstance(deaths[0], dict) else {}
-        queue = _text(death.get("queue"))
-        stream = _text(headers.get(STREAM_HEADER)) or self.sources.get(queue, queue)
-        reason = _text(headers.get(REASON_HEADER))
+        queue = as_text(death.get("queue"))
+        stream = as_text(headers.get(STREAM_HEADER)) or self.sources.get(queue, queue)
+        reason = as_text(headers.get(REASON_HEADER))
         if not reason:
-            why = _text(death.get("reason"))
+            why = as_text(death.get("reason"))
             reason = DEATHS.get(why, why or "unknown")
         at = _when(headers.get(AT_HEADER) or death.get("time"))
         kind = self.keys.job_kind(stream) if stream in self.sources.values() else ""

@@ -23,7 +23,7 @@ import redis
 
 from .connect import Subscriber
 from .keys import KEYS, Keys
-from .worker_io import _s  # the worker's bytes-to-text, where this class lived before
+from .text import as_text
 
 RECENT_MAX = 100_000  # cancelled ids kept (~10 MB at most)
 RECENT_S = 900.0  # ...and for at most this long (a cancel flag lives output_ttl, 600 s)
@@ -96,7 +96,7 @@ class CancelWatcher:
                     break
                 kind = msg.get("type")
                 if kind in ("message", "smessage"):
-                    rid = _s(msg["data"])
+                    rid = as_text(msg["data"])
                     self._recent[rid] = time.monotonic()
                     self._recent.move_to_end(rid)
                     self._unpolled.add(rid)

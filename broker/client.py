@@ -33,15 +33,12 @@ from .queue_depth import AdmissionDepth
 from .request_info import RequestInfo
 from .schemas import KVHandle, PrefillJob, SchemaError, TokenEvent, entry_events
 from .subscription import TokenSubscription
+from .text import as_text
 
 log = logging.getLogger(__name__)
 
 READ_BLOCK_MS = 1000  # the reader's XREAD waits this long for an entry, then asks again
 READ_COUNT = 256  # most entries (worker steps) one XREAD returns
-
-
-def _text(value: Any) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
 class BrokerClient:
@@ -131,7 +128,7 @@ class BrokerClient:
             return 0, 0
         async with self.redis.pipeline(transaction=False) as pipe:
             for hid in ids:
-                pipe.get(self.keys.kv_lease(_text(hid)))
+                pipe.get(self.keys.kv_lease(as_text(hid)))
             raws = await pipe.execute()
         total = sum(KVHandle.unpack(raw).nbytes for raw in raws if raw is not None)
         return len(ids), total
@@ -168,7 +165,7 @@ class BrokerClient:
     async def workers(self) -> list[dict[str, Any]]:
         """Registered workers alive now (`liveness.is_alive`) with their heartbeat hash (plus
         "id"); ids whose hash expired are pruned from the set."""
-        ids = sorted(_text(i) for i in await self.redis.smembers(self.keys.workers))
+        ids = sorted(as_text(i) for i in await self.redis.smembers(self.keys.workers))
         if not ids:
             return []
         async with self.redis.pipeline(transaction=False) as pipe:
@@ -178,7 +175,7 @@ class BrokerClient:
         alive, dead = [], []
         now = time.time()
         for wid, h in zip(ids, hashes, strict=True):
-            info = {_text(k): _text(v) for k, v in h.items()}
+            info = {as_text(k): as_text(v) for k, v in h.items()}
             if is_alive(info, now):
                 alive.append({"id": wid, **info})
             elif not info:
@@ -331,7 +328,7 @@ def _events(request_id: str, entries: list | None) -> list[tuple[str, TokenEvent
     out = []
     for entry_id, fields in entries or []:
         try:
-            out += [(_text(entry_id), ev) for ev in entry_events(fields)]
+            out += [(as_text(entry_id), ev) for ev in entry_events(fields)]
         except SchemaError as exc:
             log.warning("output stream %s: skipping entry %s: %s", request_id, entry_id, exc)
     return out
@@ -342,7 +339,7 @@ def _entries(gateway: str, rows: list | None) -> list[tuple[str, list[TokenEvent
     out = []
     for entry_id, fields in rows or []:
         try:
-            out.append((_text(entry_id), entry_events(fields)))
+            out.append((as_text(entry_id), entry_events(fields)))
         except SchemaError as exc:
             log.warning("gateway stream %s: skipping entry %s: %s", gateway, entry_id, exc)
     return out

@@ -28,6 +28,7 @@ import redis
 from .keys import KEYS, Keys
 from .kv_store import KVStore
 from .schemas import DecodeJob, PrefillJob, SchemaError, entry_events
+from .text import as_text
 
 log = logging.getLogger(__name__)
 MIN_BUDGET_S = 60.0  # a requeued job's time budget when its own was shorter or unknown
@@ -57,10 +58,6 @@ class DeadLetter:
         return out
 
 
-def _s(x) -> str:
-    return x.decode() if isinstance(x, bytes) else (x or "")
-
-
 def _kind(stream: str, keys: Keys) -> str:
     return keys.job_kind(stream)  # any model's streams (config `models:`)
 
@@ -75,11 +72,11 @@ def decode_job(kind: str, data: bytes) -> PrefillJob | DecodeJob | None:
 
 
 def _letter(entry_id, fields: dict, keys: Keys, now: float) -> DeadLetter:
-    f = {_s(k): v for k, v in fields.items()}
-    stream, data = _s(f.get("stream")), f.get("j") or b""
+    f = {as_text(k): v for k, v in fields.items()}
+    stream, data = as_text(f.get("stream")), f.get("j") or b""
     kind = _kind(stream, keys)
     job = decode_job(kind, data)
-    eid = _s(entry_id)
+    eid = as_text(entry_id)
     try:
         age: float | None = round(now - int(eid.split("-", 1)[0]) / 1e3, 1)
     except ValueError:
@@ -87,8 +84,8 @@ def _letter(entry_id, fields: dict, keys: Keys, now: float) -> DeadLetter:
     return DeadLetter(
         id=eid,
         stream=stream,
-        source_id=_s(f.get("id")),
-        reason=_s(f.get("reason")),
+        source_id=as_text(f.get("id")),
+        reason=as_text(f.get("reason")),
         age_s=age,
         request_id=job.request_id if job else "",
         kind=kind if job else "",
@@ -137,7 +134,7 @@ def error_entries(r: redis.Redis, request_id: str, keys: Keys) -> list[str]:
         except SchemaError:
             continue
         if events and all(ev.error for ev in events):
-            ids.append(_s(eid))
+            ids.append(as_text(eid))
     return ids
 
 

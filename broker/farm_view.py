@@ -20,6 +20,7 @@ from .keys import DEVICE_CLASSES, KEYS, Keys
 from .liveness import heartbeat_ttl
 from .model_state import dispatch_counts, job_streams, model_rows, total_counts
 from .schemas import KVHandle, SchemaError
+from .text import as_text
 from .worker_io import live_workers
 
 if TYPE_CHECKING:
@@ -27,10 +28,6 @@ if TYPE_CHECKING:
 
 MAX_LEASES = 50  # leases listed one by one (the totals count them all)
 MAX_DEAD = 50
-
-
-def _s(x: Any) -> Any:
-    return x.decode() if isinstance(x, bytes) else x
 
 
 def work_streams(keys: Keys = KEYS, models: tuple[str, ...] = ("",)) -> dict[str, str]:
@@ -42,7 +39,7 @@ def work_streams(keys: Keys = KEYS, models: tuple[str, ...] = ("",)) -> dict[str
 def _id_age(entry_id: Any, now: float) -> float | None:
     """Seconds since a stream entry id's time (`<ms>-<seq>`): how long ago it was queued."""
     try:
-        return round(max(now - int(_s(entry_id).split("-", 1)[0]) / 1e3, 0.0), 3)
+        return round(max(now - int(as_text(entry_id).split("-", 1)[0]) / 1e3, 0.0), 3)
     except (AttributeError, ValueError):
         return None
 
@@ -93,7 +90,7 @@ def streams_view(
                 "oldest_pending_age_s": oldest,
                 "consumers": [
                     {
-                        "name": _s(c.get("name")),
+                        "name": as_text(c.get("name")),
                         "pending": int(c.get("pending") or 0),
                         "idle_s": round(int(c.get("idle") or 0) / 1e3, 1),
                     }
@@ -152,7 +149,7 @@ def dispatcher_view(
     named = sorted((m for m in models if m), key=len, reverse=True)  # "a-b" before "a"
     decisions = []
     for line in raw:
-        stamp, _, rest = _s(line).partition(" ")
+        stamp, _, rest = as_text(line).partition(" ")
         device, _, what = rest.partition(" ")
         rule = ""
         if what.startswith("[") and "] " in what:
@@ -181,7 +178,7 @@ def leases_view(
     lease is given) less its time to expiry."""
     now = time.time() if now is None else now
     total = r.zcard(keys.kv_leases)
-    ids = [_s(i) for i in r.zrange(keys.kv_leases, 0, MAX_LEASES - 1)]
+    ids = [as_text(i) for i in r.zrange(keys.kv_leases, 0, MAX_LEASES - 1)]
     pipe = r.pipeline(transaction=False)  # each lease in its own slot (keys.py): no MGET
     for hid in ids:
         pipe.get(keys.kv_lease(hid))
@@ -217,9 +214,9 @@ def itl_view(r: redis.Redis, keys: Keys = KEYS, now: float | None = None) -> lis
     now = time.time() if now is None else now
     out = []
     for key, value in sorted(r.hgetall(keys.itl_tails).items()):
-        cls, _, gateway = _s(key).partition(":")
+        cls, _, gateway = as_text(key).partition(":")
         try:
-            ratio_s, gaps_s, at_s = _s(value).split()
+            ratio_s, gaps_s, at_s = as_text(value).split()
             ratio, gaps, age = float(ratio_s), int(gaps_s), now - float(at_s)
         except ValueError:
             continue

@@ -23,6 +23,7 @@ from . import token_log
 from .connect import one_write_pipelines
 from .keys import KEYS, Keys
 from .schemas import SchemaError, TokenEvent, entry_events, pack_events
+from .text import as_text
 
 log = logging.getLogger(__name__)
 
@@ -295,7 +296,7 @@ class TokenPublisher:
             scan = _Scan(now, base)
         begin = token_log.next_id(scan.last) if scan.last else scan.start
         for entry_id, fields in self.r.xrange(self.keys.gateway_stream(gateway), min=begin):
-            scan.last, scan.entries = _text(entry_id), scan.entries + 1
+            scan.last, scan.entries = as_text(entry_id), scan.entries + 1
             try:
                 events = entry_events(fields)
             except SchemaError as exc:
@@ -320,10 +321,6 @@ class _Scan:
     last: str = ""  # the last entry id read
     entries: int = 0
     by_request: dict[str, list[tuple[str, TokenEvent]]] = field(default_factory=dict)
-
-
-def _text(value: str | bytes) -> str:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 def _urgent(events: list[TokenEvent]) -> bool:

@@ -22,6 +22,7 @@ from . import itl_tails
 from .keys import DEVICE_CLASSES, KEYS, Keys
 from .liveness import HEARTBEAT_TTL, is_alive
 from .schemas import RequestPart
+from .text import as_text
 
 log = logging.getLogger(__name__)
 # A claim skips entries delivered (or claimed) less than this long ago: two live workers that
@@ -35,10 +36,6 @@ class Entry:
     entry_id: str
     data: bytes | None  # None: the entry was deleted before we read it
     reclaimed: bool = False
-
-
-def _s(x) -> str:
-    return x.decode() if isinstance(x, bytes) else x
 
 
 def _job_data(fields: dict | None) -> bytes | None:
@@ -93,7 +90,7 @@ class WorkQueues:
         out = []
         for stream, entries in reply or []:
             for entry_id, fields in entries:
-                out.append(Entry(_s(stream), _s(entry_id), _job_data(fields)))
+                out.append(Entry(as_text(stream), as_text(entry_id), _job_data(fields)))
         return out
 
     def _read_args(self, count: int, block_ms: int | None) -> dict:
@@ -141,9 +138,10 @@ class WorkQueues:
             except redis.ResponseError:
                 continue
             lost = [
-                _s(p["message_id"])
+                as_text(p["message_id"])
                 for p in pending
-                if _s(p["message_id"]) not in known and p["time_since_delivered"] >= min_idle_ms
+                if as_text(p["message_id"]) not in known
+                and p["time_since_delivered"] >= min_idle_ms
             ]
             if not lost:
                 continue
@@ -157,7 +155,7 @@ class WorkQueues:
         meanwhile has nothing to run and is acked."""
         out = []
         for entry_id, fields in entries:
-            entry = Entry(stream, _s(entry_id), _job_data(fields), reclaimed=True)
+            entry = Entry(stream, as_text(entry_id), _job_data(fields), reclaimed=True)
             if entry.data is None:
                 self.ack(entry)
             else:
@@ -249,14 +247,15 @@ class WorkQueues:
             dead = [
                 p["message_id"]
                 for p in pending
-                if _s(p["consumer"]) not in live_consumers and _s(p["consumer"]) != self.consumer
+                if as_text(p["consumer"]) not in live_consumers
+                and as_text(p["consumer"]) != self.consumer
             ][: count - len(claimed)]
             if not dead:
                 continue
             claims = self.r.xclaim(stream, self.group, self.consumer, CLAIM_MIN_IDLE_MS, dead)
             for entry_id, fields in claims:
                 data = _job_data(fields)
-                claimed.append(Entry(stream, _s(entry_id), data, reclaimed=True))
+                claimed.append(Entry(stream, as_text(entry_id), data, reclaimed=True))
                 if data is None:  # deleted entry: nothing to run
                     self.ack(claimed.pop())
         return claimed
@@ -314,7 +313,7 @@ def live_workers(r: redis.Redis, keys: Keys = KEYS) -> list[dict[str, str]]:
     """Heartbeats of the workers alive now (`liveness.is_alive`); prunes ids whose hash expired.
     Keys of one model of a farm of several (`keys.model`): only the workers serving it, so a
     worker's claims, dispatch and capacity are its own model's."""
-    ids = [_s(i) for i in r.smembers(keys.workers)]
+    ids = [as_text(i) for i in r.smembers(keys.workers)]
     if not ids:
         return []
     pipe = r.pipeline(transaction=False)  # one hash per worker: many slots
@@ -323,7 +322,7 @@ def live_workers(r: redis.Redis, keys: Keys = KEYS) -> list[dict[str, str]]:
     alive, dead = [], []
     now = time.time()
     for wid, h in zip(ids, pipe.execute(), strict=True):
-        info = {_s(k): _s(v) for k, v in h.items()}
+        info = {as_text(k): as_text(v) for k, v in h.items()}
         if is_alive(info, now):
             alive.append(info)
         elif not info:
