@@ -70,6 +70,7 @@ def run_ours(engine, prompts: list[list[int]], streams: int, max_tokens: int) ->
     # system prompt), as a llama-server slot reuses its last prompt's prefix.
     engine.reset_prefix_cache()
     spec0 = (engine.stats.spec.proposed, engine.stats.spec.accepted)
+    prefill0 = (engine.stats.prompt_tokens, engine.stats.prefill_seconds)
     steps0 = (engine.stats.spec.decode_chunks, engine.stats.spec.decode_tokens)
     outputs: dict[str, list[int]] = {}
     queue = list(enumerate(prompts))
@@ -89,9 +90,14 @@ def run_ours(engine, prompts: list[list[int]], streams: int, max_tokens: int) ->
     proposed, accepted = s.proposed - spec0[0], s.accepted - spec0[1]
     chunks, toks = s.decode_chunks - steps0[0], s.decode_tokens - steps0[1]
     tokens = sum(len(v) for v in outputs.values())
+    prompt_tokens = engine.stats.prompt_tokens - prefill0[0]
     return {
         "tokens": tokens,
         "seconds": seconds,
+        # Step time spent on prompt rows (at 1 stream a step is all prompt or all decode): what
+        # no speculation shortens.
+        "prefill_seconds": engine.stats.prefill_seconds - prefill0[1],
+        "prompt_tokens": prompt_tokens,
         "tps": tokens / seconds,
         "texts": [outputs[f"p{i}"] for i in range(len(prompts))],
         "acceptance": accepted / proposed if proposed else None,
@@ -237,6 +243,12 @@ def report(out: dict[str, Any], args: argparse.Namespace) -> None:
             tps_step = runs[-1].get("tokens_per_step")
             rounds = " ".join(f"{r['tps']:.1f}" for r in runs)
             print(f"{name:<26} {streams:>7} {tps:>8.1f} {rounds:<24} {_f(acc):>7} {_f(tps_step):>8}")  # fmt: skip
+    for name, levels in res.items():
+        for streams, runs in levels.items():
+            if "prefill_seconds" in runs[-1]:
+                pre = statistics.median(r["prefill_seconds"] for r in runs)
+                wall = statistics.median(r["seconds"] for r in runs)
+                print(f"{name}, {streams} streams: prompts {runs[-1]['prompt_tokens']} tokens computed in {pre:.2f} s of step time ({runs[-1]['prompt_tokens'] / pre:.0f} tok/s), {pre / wall:.0%} of the run's {wall:.2f} s")  # fmt: skip
     for streams in args.streams:
         ours = {n: statistics.median(r["tps"] for r in lv[streams]) for n, lv in res.items() if n.startswith("ours")}  # fmt: skip
         line = f"{streams} streams: " + ", ".join(f"{m} / none = {ours[f'ours {m}'] / ours['ours none']:.2f}x" for m in args.methods)  # fmt: skip
