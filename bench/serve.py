@@ -387,6 +387,7 @@ OPTIONS: list[tuple[str, dict[str, Any]]] = [
     ("--set", {"type": _setting, "action": "append", "metavar": "KEY=VALUE", "help": "a config key of a launched farm (dotted for sections: kv.prefix_caching=false), repeatable; checked as `syshax config KEY VALUE` checks it"}),
     ("--cpu-workers", {"type": int, "help": "CPU decode workers of a launched farm (default: what `syshax run` starts: none without an accelerator)"}),
     ("--max-batch-size", {"type": int, "help": "sequences at once, passed to launched workers and the direct engine (default: the config's)"}),
+    ("--farm-spin", {"type": int, "help": "GOMP_SPINCOUNT for a launched farm's workers only (default: syshax's own, shared/env.py); a llama-server of the same run keeps libgomp's default"}),
     ("--threads", {"type": int, "help": "threads per launched worker and for the direct engine (default: what `syshax run` gives; the direct engine: every core)"}),
     ("--launch-timeout", {"type": float, "default": 300.0, "help": "seconds a launched farm gets to answer GET /health with 200 (default %(default)s)"}),
     ("--direct", {"action": "store_true", "help": "also run the workload on the engine in-process (EchoEngine with --launch echo, else Engine) and print the farm's overhead per token"}),

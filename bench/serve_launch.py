@@ -79,11 +79,15 @@ def launched_farm(args: argparse.Namespace, info: dict[str, Any] | None = None) 
     n_cpu, xpu_threads = layout(cfg, args.cpu_workers, xpu_engine)
     threads = ["--threads", str(args.threads)] if args.threads else []
     xpu_args = threads or (["--threads", str(xpu_threads)] if xpu_threads else [])
+    # --farm-spin: the workers' OpenMP spin (shared/env.py) for this farm only, so a
+    # llama-server of the same run keeps its own default.
+    spin = getattr(args, "farm_spin", None)
+    env = {"GOMP_SPINCOUNT": str(spin)} if spin is not None else None
     try:
         farm.start_gateway()
-        farm.start_worker("xpu-worker", "prefill,decode", "xpu", xpu_engine, slots=args.max_batch_size, args=xpu_args)  # fmt: skip
+        farm.start_worker("xpu-worker", "prefill,decode", "xpu", xpu_engine, slots=args.max_batch_size, args=xpu_args, env=env)  # fmt: skip
         for i in range(n_cpu):
-            farm.start_worker(f"cpu-worker-{i}", "decode", "cpu", cpu_engine, slots=args.max_batch_size, args=["--device", "cpu", *threads])  # fmt: skip
+            farm.start_worker(f"cpu-worker-{i}", "decode", "cpu", cpu_engine, slots=args.max_batch_size, args=["--device", "cpu", *threads], env=env)  # fmt: skip
         print(f"# farm: gateway at {farm.url()}, {len(farm.worker_names())} workers, logs in {farm.logdir}", file=sys.stderr)  # fmt: skip
         try:
             farm.wait_healthy(timeout=args.launch_timeout)

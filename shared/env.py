@@ -184,13 +184,19 @@ def use_vllm_in_process(cpu_kv_cache_gib: float | None) -> None:
         os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(cpu_kv_cache_gib)))
 
 
-# GOMP_SPINCOUNT for our processes: libgomp's threads spin this many pause iterations (about
-# 0.3-1 ms) for work before they sleep, instead of libgomp's 300,000. The kernels' barriers
-# inside a step wait far less than that, so a step is as fast; but between steps (the worker's
-# Python publishes tokens and schedules) the default spin kept a core busy for tens of ms,
-# taken from the gateway, Redis and the other workers sharing the host, and a spinning thread
-# preempted by them stalled the next step (docs/cpu-kernels.md, "Threads").
-GOMP_SPINCOUNT_DEFAULT = "10000"
+# GOMP_SPINCOUNT for our processes: libgomp's threads spin this many pause iterations for work
+# before they sleep on a futex, instead of libgomp's 300,000 (tens of ms between steps, a core
+# held busy). A fused step has ~80 barriers: a thread that waits at one longer than its spin
+# sleeps and must be woken, which costs the step a wakeup. At 60,000 (~0.4-0.5 ms) most
+# barrier waits end before the sleep; at 10,000 (~0.06-0.08 ms) many did not, and on the
+# 2-core Zen 4 VM one stream ran 1.2x faster at 60,000 with ITL p99 32.6 vs 44.1 ms
+# (docs/benchmarks.md, 2026-12-06 22:06-22:12). Where several compute processes share the
+# cores (`syshax run` with CPU decode workers beside the xPU worker), each one's spin between
+# steps is taken from the others: there `syshax run` gives its workers the short spin
+# (docs/cpu-kernels.md, "Threads").
+GOMP_SPINCOUNT_DEFAULT = "60000"
+GOMP_SPINCOUNT_SHARED = "10000"
+_spin_is_ours = False  # whether use_short_omp_spin set GOMP_SPINCOUNT (the user did not)
 
 
 def use_short_omp_spin() -> None:
@@ -198,8 +204,18 @@ def use_short_omp_spin() -> None:
     unless the user set it or OMP_WAIT_POLICY. libgomp reads it once, when it loads: `syshax`
     calls this before any command imports torch or the kernels, and the processes it starts
     inherit it."""
+    global _spin_is_ours
     if _raw("GOMP_SPINCOUNT") is None and _raw("OMP_WAIT_POLICY") is None:
         os.environ["GOMP_SPINCOUNT"] = GOMP_SPINCOUNT_DEFAULT
+        _spin_is_ours = True
+
+
+def spin_for_shared_cores(environ: dict[str, str]) -> dict[str, str]:
+    """`environ` for processes that share the cores with other compute processes: the short
+    spin, unless the user chose a spin or a wait policy (then `environ` as it is)."""
+    if not _spin_is_ours or _raw("OMP_WAIT_POLICY") is not None:
+        return environ
+    return {**environ, "GOMP_SPINCOUNT": GOMP_SPINCOUNT_SHARED}
 
 
 # name -> reader; also the list the docs describe.

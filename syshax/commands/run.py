@@ -46,6 +46,7 @@ from syshax.broker.farm_redis import FarmRedis
 from syshax.broker.keys import Keys
 from syshax.commands.renamed import with_old_names
 from syshax.commands.supervisor import Child, Supervisor
+from syshax.shared.env import spin_for_shared_cores
 from syshax.workers.checks import xpu_engine_problems
 from syshax.workers.farm_layout import every_core, farm_engines, farm_layout
 from syshax.workers.model_split import split_threads, weights_bytes
@@ -193,6 +194,26 @@ def _clients(args, cfg, base: list[str], common: list[str], workers: list[Child]
     return ([] if args.no_gateway else gateway) + workers + [batch]
 
 
+def _farm_env(children: list[Child], url: str) -> dict[str, str]:
+    """The children's environment: the Redis URL (never on a command line), and the short
+    OpenMP spin where several workers share the cores (shared/env.py)."""
+    env = dict(os.environ, SYSHAX_REDIS_URL=url)
+    return spin_for_shared_cores(env) if _compute_processes(children) > 1 else env
+
+
+def _compute_processes(children: list[Child]) -> int:
+    """The farm's worker processes (each computes on this host's cores: an emulated xPU
+    worker runs the model on the CPU too)."""
+    return sum(1 for c in children if _subcommand(c) == "worker")
+
+
+def _subcommand(child: Child) -> str | None:
+    """The `syshax` command a child runs (`python -m syshax.cli COMMAND ...`), else None."""
+    argv = child.argv or []
+    at = argv.index("syshax.cli") + 1 if "syshax.cli" in argv else len(argv)
+    return argv[at] if at < len(argv) else None
+
+
 def _worker(name: str, argv: list[str]) -> Child:
     return Child(name, argv, stage=WORKERS_STAGE, stop_steps=WORKER_STOP)
 
@@ -232,7 +253,7 @@ def run(args: argparse.Namespace) -> int:
         print("\n".join(f"syshax run: {p}" for p in problems), file=sys.stderr)
         return 2
     children = _children(args, cfg, args.config)
-    env = dict(os.environ, SYSHAX_REDIS_URL=url)  # never on a command line
+    env = _farm_env(children, url)
     supervisor = Supervisor(([redis_child] if redis_child else []) + children, env=env, logger=log)
     stop = _stop_on_signals(supervisor, cfg.shutdown_grace)
     try:

@@ -128,3 +128,29 @@ def test_each_model_gets_the_cpu_decode_workers_its_layout_asks_for(tmp_path):
         assert argv[argv.index("--serve") + 1] == serve
         assert argv[argv.index("--threads") + 1] == str(threads)
         assert argv[argv.index("--port") + 1] == str(port)
+
+
+def test_workers_sharing_the_cores_get_the_short_spin(monkeypatch):
+    """One worker on every core keeps syshax's longer OpenMP spin; an xPU worker with CPU decode
+    workers beside it (several processes computing on the same cores) gets the short one; a
+    spin the user chose is never changed."""
+    from syshax.shared import env
+
+    for name in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY"):  # recorded first: undone after the test
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+    monkeypatch.setattr(env, "_spin_is_ours", False)
+    env.use_short_omp_spin()
+    alone = run._children(argparse.Namespace(engine="echo", cpu_workers=None, no_gateway=False), _cfg(xpu__device="cpu"), None)  # fmt: skip
+    shared = run._children(argparse.Namespace(engine="echo", cpu_workers=1, no_gateway=False), _cfg(xpu__device="cpu"), None)  # fmt: skip
+    assert run._compute_processes(alone) == 1 and run._compute_processes(shared) == 2
+    assert run._farm_env(alone, "redis://x")["GOMP_SPINCOUNT"] == env.GOMP_SPINCOUNT_DEFAULT
+    got = run._farm_env(shared, "redis://x")
+    assert (
+        got["GOMP_SPINCOUNT"] == env.GOMP_SPINCOUNT_SHARED
+        and got["SYSHAX_REDIS_URL"] == "redis://x"
+    )
+    monkeypatch.setenv("GOMP_SPINCOUNT", "300000")  # the user's own
+    monkeypatch.setattr(env, "_spin_is_ours", False)
+    env.use_short_omp_spin()
+    assert run._farm_env(shared, "redis://x")["GOMP_SPINCOUNT"] == "300000"
