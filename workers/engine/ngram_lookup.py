@@ -160,8 +160,9 @@ class Haystack:
 # match for a few steps: its last tokens are new. Its copy position is still known, so the
 # next draft is taken from there: the nearest occurrence of its last token around where the
 # copy would be now (REALIGN_BACK tokens before, REALIGN_AHEAD after; a substitution or a
-# short insertion or deletion). On the grounded prompts (bench/spec_replay.py) this gives
-# ~7% more tokens per verify step at ~0.7 acceptance.
+# short insertion or deletion). Replayed on the grounded prompts' greedy ids (policy as the
+# scheduler drives it, rows nearly free) it gave 2-6% more tokens per verify step at ~0.7
+# acceptance (docs/benchmarks.md, 2026-12-06 21:16).
 REALIGN_BACK, REALIGN_AHEAD = 3, 10
 REALIGNED = 0  # the match class of a realigned draft (match_class gives 2..11)
 

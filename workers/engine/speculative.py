@@ -155,11 +155,11 @@ class SpecPolicy:
         else:  # no suffix recurs: pick the copy up where it was (ngram_lookup.realign)
             follow = None
             if seq is not None and seq.ngram_cursor is not None and k >= 1:
-                follow = ngram_lookup.realign(seq.ngram_hay, seq.ngram_cursor)
+                follow = ngram_lookup.realign(ids, seq.ngram_cursor)  # ids: its Haystack
             if follow is None:
                 return []
             seq.ngram_cursor = ngram_lookup.Cursor(follow, len(ids))
-            draft, cls = seq.ngram_hay[follow : follow + k], ngram_lookup.REALIGNED
+            draft, cls = ids[follow : follow + k], ngram_lookup.REALIGNED
         a = self.classes.estimate(cls)
         if seq is not None and seq.acceptance is not None:
             a = (a + seq.acceptance) / 2
