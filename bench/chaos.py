@@ -43,7 +43,7 @@ import httpx
 import openai
 import redis
 from syshax.broker.keys import DEVICE_CLASSES, KEYS
-from syshax.broker.kv_store import KVStore
+from syshax.broker.kv_store import KVStore, segment_prefix
 from syshax.broker.schemas import entry_events
 from syshax.shared.config import Config
 from syshax.shared.default_model import default_model_path
@@ -101,7 +101,8 @@ class Farm(LocalFarm):
         super().__init__(tmp, cfg)
         self.args = args
         self.lock = threading.Lock()
-        self.shm_before = set(glob.glob("/dev/shm/syshax-kv-*"))
+        self.shm_glob = f"/dev/shm/{segment_prefix(KVStore(self.r).farm)}*"  # this farm's only
+        self.shm_before = set(glob.glob(self.shm_glob))
 
     def worker(self, role: str) -> str:
         with self.lock:
@@ -166,7 +167,7 @@ class Farm(LocalFarm):
             held += int(h.get(b"kv_blocks_held", 0)) if h else 0
         return {
             "leaked_leases": KVStore(self.r).stats()[0],
-            "leaked_shm_segments": len(set(glob.glob("/dev/shm/syshax-kv-*")) - self.shm_before),
+            "leaked_shm_segments": len(set(glob.glob(self.shm_glob)) - self.shm_before),
             "stream_entries": sum(self.r.xlen(s) for s in streams),
             "pending_entries": pending,
             "running_sequences": running,

@@ -18,6 +18,7 @@ start, and never touches another farm's.
 
 from __future__ import annotations
 
+import _posixshmem  # the shm_unlink that SharedMemory.unlink calls
 import contextlib
 import logging
 import os
@@ -201,7 +202,8 @@ class KVStore:
 
     def _release(self, handle_id: str, handle: KVHandle | None) -> None:
         """The bytes, then every record of the lease (`handle`: None when it is gone already)."""
-        if handle is not None and handle.store == "shm" and handle.host == HOST:
+        local_segment = handle is not None and handle.store == "shm" and handle.host == HOST
+        if local_segment:
             _unlink(handle.location)  # the bytes first: see put()
         pipe = self.r.pipeline(transaction=False)
         pipe.delete(self.keys.kv_lease(handle_id))
@@ -210,6 +212,11 @@ class KVStore:
         if handle is not None:
             pipe.srem(self.keys.kv_owner(handle.owner), handle_id)
         pipe.execute()
+        if local_segment:
+            # Again, now that the lease is gone: a producer may have created the segment after
+            # the first unlink and checked the lease before the delete above (a cancel racing
+            # `put`). Either its check saw the lease gone and it unlinks, or this one does.
+            _unlink(handle.location)
 
     def free_request(self, request_id: str) -> int:
         """Free every lease a request owns (on cancel). Returns how many were freed."""
@@ -250,9 +257,7 @@ def _untrack(seg: shared_memory.SharedMemory) -> None:
 
 
 def _unlink(name: str) -> None:
-    try:
-        seg = shared_memory.SharedMemory(name=name)
-    except FileNotFoundError:
-        return
-    seg.close()
-    seg.unlink()  # also unregisters it from this process's resource tracker
+    # By name, without opening it: a segment just created and not yet sized cannot be mapped
+    # (opening it would raise), and the segments are untracked, so no tracker needs telling.
+    with contextlib.suppress(FileNotFoundError):
+        _posixshmem.shm_unlink("/" + name)

@@ -23,7 +23,7 @@ import redis
 from syshax.broker.connect import sync_client
 from syshax.broker.embedded import EmbeddedRedis
 from syshax.broker.keys import DEVICE_CLASSES, Keys
-from syshax.broker.kv_store import KVStore
+from syshax.broker.kv_store import KVStore, segment_prefix
 from syshax.broker.schemas import TokenEvent, entry_events
 from syshax.shared.config import Config
 
@@ -65,7 +65,9 @@ class ProcFarm(LocalFarm):
             self.redis = server
         self.tmp = tmp
         self.keys = Keys(self.cfg.redis.prefix)
-        self.shm_before = set(glob.glob("/dev/shm/syshax-kv-*"))  # other runs' are not ours
+        # This farm's segments only: farms of other tests (another xdist process) run beside it.
+        self.shm_glob = f"/dev/shm/{segment_prefix(KVStore(self.r, self.keys).farm)}*"
+        self.shm_before = set(glob.glob(self.shm_glob))  # an earlier run's are not ours
 
     def __enter__(self) -> ProcFarm:
         return self
@@ -123,7 +125,7 @@ class ProcFarm(LocalFarm):
                 )
         return {
             "leases": KVStore(self.r, self.keys).stats(),
-            "shm": sorted(set(glob.glob("/dev/shm/syshax-kv-*")) - self.shm_before),
+            "shm": sorted(set(glob.glob(self.shm_glob)) - self.shm_before),
             "entries": sum(entries.values()),
             "pending": sum(pending.values()),
             "busy": {k: v for k, v in busy.items() if v},

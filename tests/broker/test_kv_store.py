@@ -4,9 +4,11 @@ memory, not a copy) and frees the lease after the block, whatever happens in it.
 from __future__ import annotations
 
 import os
+import threading
 
 import pytest
 import torch
+from syshax.broker import kv_store
 from syshax.broker.kv_store import KVStore, KVStoreError
 
 
@@ -52,3 +54,36 @@ def test_a_freed_lease_cannot_be_taken(r):
     assert kv.free_request("req-gone") == 1
     with pytest.raises(KVStoreError, match="expired or was freed"), kv.taken(h):
         pass
+
+
+def test_a_cancel_racing_the_producer_leaves_no_segment(r, monkeypatch):
+    """A cancel that reads the lease and unlinks (nothing yet) before the producer creates the
+    segment, and forgets the lease only after the producer's own check saw it, must still leave
+    no segment: the interleaving that leaked segments under load."""
+    kv = KVStore(r, ttl=30)
+    canceller = KVStore(r, ttl=30)
+    unlinked, put_done = threading.Event(), threading.Event()
+    real_unlink, real_shm = kv_store._unlink, kv_store.shared_memory.SharedMemory
+    first = [True]
+
+    def slow_unlink(name):  # the canceller's first unlink waits for the producer to finish
+        real_unlink(name)
+        if threading.current_thread() is not threading.main_thread() and first[0]:
+            first[0] = False
+            unlinked.set()
+            assert put_done.wait(10)
+
+    def shm(*a, create=False, **kw):  # the cancel runs between the lease and the segment
+        if create:
+            t.start()
+            assert unlinked.wait(10)
+        return real_shm(*a, create=create, **kw)
+
+    monkeypatch.setattr(kv_store, "_unlink", slow_unlink)
+    monkeypatch.setattr(kv_store.shared_memory, "SharedMemory", shm)
+    t = threading.Thread(target=canceller.free_request, args=("req-race",))
+    h = kv.put(b"z" * 4096, {}, "req-race", store="shm")
+    put_done.set()
+    t.join(10)
+    assert kv.stats() == (0, 0)
+    assert not _segment_exists(h), "the cancel's segment outlived its lease"
