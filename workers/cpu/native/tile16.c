@@ -198,21 +198,33 @@ SX_AI void tile_q6k_x2(int C, const uint8_t *w, size_t tile, int nb, const sx_ac
     for (int c = 0; c < C; c++) _mm512_storeu_ps(out + 16 * c, acc[c]);
 }
 
+/* How far ahead the calls prefetch, at least: the 16 rows SX_X2_PF bytes on. Rows of a wide
+ * matrix are that far apart anyway (a Q4_0 row of 2048 columns: 16 rows are 18 KiB), but a
+ * narrow one's next 16 rows are too close to arrive in time: a 576-column Q4_0 matrix (SmolLM2's
+ * width) has 16 rows in 5 KiB, and 3-4 activation rows cost 1.3x one row there against 1.0-1.05x
+ * at 2048 columns. Measured on a 2-core Zen 4 VM (16384 x 576 Q4_0 matrices, 160 MB, 2 threads,
+ * alternating builds): 4 rows 6.7-6.8 -> 5.5-5.9 ms, 3 rows 6.6 -> 5.1-5.6 ms, 1 row (tile_q)
+ * 5.4 ms either way; 8 KiB and 32 KiB alike; the padded SmolLM2's fused step (bench/
+ * step_profile.py, 4 sequences) 21.9-22.3 -> 19.9-20.4 ms, 1 sequence unchanged. */
+#define SX_X2_PF 16384
+
 /* Rows [r, r + 16) (two whole tiles) of a Q4_0, Q4_K, Q5_K or Q6_K matrix for all n activation rows, in
- * `passes` calls, each prefetching its share of the next 16 rows' tiles (which may lie past
- * this thread's chunk: it claims the next chunk next; never past the matrix). */
+ * `passes` calls, each prefetching its share of 16 later rows' tiles, the first such at least
+ * SX_X2_PF bytes on (they may lie past this thread's chunk: it claims the next chunk next;
+ * never past the matrix). */
 void sx_x2_rows(const sx_mat *w, int r, int n, int cmax, int passes, const sx_act *act, float *y, int ys) {
     const int nb = w->cols / SX_QK, units = w->type == SX_Q4_0 ? nb : nb / 8;
     const int n_tiles = (w->rows + SX_TILE - 1) / SX_TILE, t = r / SX_TILE;
     const size_t tile = sx_packed_bytes(w->type, SX_TILE, w->cols);
     const uint8_t *wt = (const uint8_t *)w->data + (size_t)t * tile;
-    const int ahead = n_tiles - t - 2 < 2 ? n_tiles - t - 2 : 2;
+    const int skip = (int)(SX_X2_PF / (2 * tile)); /* 16-row chunks between this and the prefetched */
+    const int ahead = n_tiles - t - 2 * (skip + 1) < 2 ? n_tiles - t - 2 * (skip + 1) : 2;
     const size_t len = ahead > 0 ? (size_t)ahead * tile : 0, per = (size_t)units * passes, step = (len + per - 1) / per;
     float out[SX_MAXC * 2 * SX_TILE];
     for (int c = 0, j = 0; c < n; j++) {
         const int C = sx_group_rows(cmax, n - c);
         const size_t done = (size_t)j * units * step; /* what the earlier calls prefetched */
-        const sx_pf pf = {len > done ? wt + 2 * tile + done : NULL, step, len > done ? len - done : 0};
+        const sx_pf pf = {len > done ? wt + 2 * tile * (skip + 1) + done : NULL, step, len > done ? len - done : 0};
         const size_t o = (size_t)c * nb;
         if (w->type == SX_Q6_K) {
             if (C == 4) tile_q6k_x2(4, wt, tile, nb, act, o, out, &pf);
