@@ -127,12 +127,13 @@ def test_results_do_not_depend_on_batch_tile_or_threads(qtype):
     assert torch.equal(singles, base)
 
 
+@pytest.mark.parametrize("cols", [512, 2048])  # narrow: 3-4 rows in one call (gemm.h SX_X2_PF)
 @pytest.mark.parametrize("n", [3, 4, 5, 8, 16])
-def test_q4_0_rows_equal_alone_and_in_a_batch_at_every_tile_width(n):
+def test_q4_0_rows_equal_alone_and_in_a_batch_at_every_tile_width(n, cols):
     """Batches over 2 run Q4_0 on 16-row tiles where the build has AVX-512 VNNI (tile16.c,
-    with its prefetch of the next tiles), batch 1 on 8-row tiles: a row's bits are the same
+    with its prefetch of later tiles), batch 1 on 8-row tiles: a row's bits are the same
     either way. 200 rows: whole pairs, a lone tile, and chunks that end mid-way."""
-    rows, cols = 200, 512
+    rows = 200
     mat = lib.quant_mat(lib.Q4_0, lib.quantize(_weights(rows, cols, seed=n), lib.Q4_0), rows, cols)
     x = torch.randn(n, cols)
     singles = torch.cat([lib.gemm(mat, x[i : i + 1], threads=2) for i in range(n)])

@@ -81,6 +81,18 @@ SX_AI void sx_store_rows(const sx_mat *w, const float *out, int width, int r, in
 /* tile16.c: Q4_0, Q4_K or Q6_K weight rows [r, r + 16) (two whole tiles) for all n activation
  * rows, in `passes` calls of up to cmax rows each. */
 void sx_x2_rows(const sx_mat *w, int r, int n, int cmax, int passes, const sx_act *act, float *y, int ys);
+/* How far ahead the calls prefetch, at least: the 16 rows SX_X2_PF bytes on. Rows of a wide
+ * matrix are that far apart anyway (a Q4_0 row of 2048 columns: 16 rows are 18 KiB), but a
+ * narrow one's next 16 rows are too close to arrive in time: a 576-column Q4_0 matrix (SmolLM2's
+ * width) has 16 rows in 5 KiB, and 3-4 activation rows cost 1.3x one row there against 1.0-1.05x
+ * at 2048 columns. Measured on a 2-core Zen 4 VM (16384 x 576 Q4_0 matrices, 160 MB, 2 threads,
+ * alternating builds): 4 rows 6.7-6.8 -> 5.5-5.9 ms, 3 rows 6.6 -> 5.1-5.6 ms, 1 row (tile_q)
+ * 5.4 ms either way; 8 KiB and 32 KiB alike; the padded SmolLM2's fused step (bench/
+ * step_profile.py, 4 sequences) 21.9-22.3 -> 19.9-20.4 ms, 1 sequence unchanged. A narrow
+ * matrix's two tiles are also one DRAM stream, so 3-4 rows there run as ONE call of 4 on the
+ * 16-row tile (gemm.c): 16384 x 576 at 4 rows 5.3 -> 4.8 ms; the padded SmolLM2's step of 4
+ * rows of one sequence (bench/spec_rows.py, four alternating runs) 23.5-24.8 -> 21.9-23.4 ms. */
+#define SX_X2_PF 16384
 #endif
 
 #ifdef SX_AVX2

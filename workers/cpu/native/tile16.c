@@ -16,7 +16,8 @@
  * first call alone would then read DRAM, in bursts (~25 GB/s from one core, then nothing), so
  * instead every call prefetches its share of the NEXT two tiles (sx_pf), which keeps the
  * stream steady. As the one call over its tiles it reads two DRAM streams and was 25-30%
- * slower than tile_q on Zen 4 (batch 1 and 4), so it is not used that way. Measured on a
+ * slower than tile_q on Zen 4 (batch 1 and 4), so it is not used that way, but on narrow
+ * matrices at 3-4 rows (gemm.h, SX_X2_PF: there the two tiles are one stream). Measured on a
  * 2-core Zen 4 VM (Q4_0 8192 x 2048 matrices well over L3, 2 threads, GMAC/s per core of a
  * 225-233 VPDPBUSD peak): batch 16 tile_q 111-118 (the spread prefetch alone: no change),
  * this tile with in-stream prefetch 132-142, with the spread prefetch 155-165; batch 8
@@ -197,16 +198,6 @@ SX_AI void tile_q6k_x2(int C, const uint8_t *w, size_t tile, int nb, const sx_ac
     }
     for (int c = 0; c < C; c++) _mm512_storeu_ps(out + 16 * c, acc[c]);
 }
-
-/* How far ahead the calls prefetch, at least: the 16 rows SX_X2_PF bytes on. Rows of a wide
- * matrix are that far apart anyway (a Q4_0 row of 2048 columns: 16 rows are 18 KiB), but a
- * narrow one's next 16 rows are too close to arrive in time: a 576-column Q4_0 matrix (SmolLM2's
- * width) has 16 rows in 5 KiB, and 3-4 activation rows cost 1.3x one row there against 1.0-1.05x
- * at 2048 columns. Measured on a 2-core Zen 4 VM (16384 x 576 Q4_0 matrices, 160 MB, 2 threads,
- * alternating builds): 4 rows 6.7-6.8 -> 5.5-5.9 ms, 3 rows 6.6 -> 5.1-5.6 ms, 1 row (tile_q)
- * 5.4 ms either way; 8 KiB and 32 KiB alike; the padded SmolLM2's fused step (bench/
- * step_profile.py, 4 sequences) 21.9-22.3 -> 19.9-20.4 ms, 1 sequence unchanged. */
-#define SX_X2_PF 16384
 
 /* Rows [r, r + 16) (two whole tiles) of a Q4_0, Q4_K, Q5_K or Q6_K matrix for all n activation rows, in
  * `passes` calls, each prefetching its share of 16 later rows' tiles, the first such at least
