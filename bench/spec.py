@@ -251,7 +251,7 @@ def report(out: dict[str, Any], args: argparse.Namespace) -> None:
                 print(f"{name}, {streams} streams: prompts {runs[-1]['prompt_tokens']} tokens computed in {pre:.2f} s of step time ({runs[-1]['prompt_tokens'] / pre:.0f} tok/s), {pre / wall:.0%} of the run's {wall:.2f} s")  # fmt: skip
     for streams in args.streams:
         ours = {n: statistics.median(r["tps"] for r in lv[streams]) for n, lv in res.items() if n.startswith("ours")}  # fmt: skip
-        line = f"{streams} streams: " + ", ".join(f"{m} / none = {ours[f'ours {m}'] / ours['ours none']:.2f}x" for m in args.methods)  # fmt: skip
+        line = f"{streams} streams: " + ", ".join(f"{m} / none = {ours[f'ours {m}'] / ours['ours none']:.2f}x ({_paired(res, m, streams)})" for m in args.methods)  # fmt: skip
         llama = {n: statistics.median(r["tps"] for r in lv[streams]) for n, lv in res.items() if n.startswith("llama")}  # fmt: skip
         if llama:
             best = max(llama, key=llama.get)
@@ -260,6 +260,15 @@ def report(out: dict[str, Any], args: argparse.Namespace) -> None:
     print(f"greedy texts that differ with speculation: {out['mismatches']}")
     for name, cmd in out["llama"].items():
         print(f"{name}: {cmd}")
+
+
+def _paired(res: dict, method: str, streams: int) -> str:
+    """The ratio round by round (each run against the plain run of its own round) and its
+    median: the VM's state moves between rounds, and it moves the plain run (bound by memory
+    bandwidth) more than the speculative one, so the ratio of medians alone can mislead."""
+    pairs = zip(res[f"ours {method}"][streams], res["ours none"][streams], strict=True)
+    ratios = [a["tps"] / b["tps"] for a, b in pairs]
+    return f"paired by round: median {statistics.median(ratios):.2f}x; " + ", ".join(f"{x:.2f}" for x in ratios)  # fmt: skip
 
 
 def _f(x: float | None) -> str:
