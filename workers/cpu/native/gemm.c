@@ -187,12 +187,11 @@ static void gemm_rows_q(const sx_mat *w, int r0, int r1, int n, const sx_act *ac
     int cmax = (nrc == 1 || nrc == 2 || nrc == 4) ? nrc : MAXC;
 #ifdef SX_TILE16
     const int x2 = w->type == SX_Q4_0 || w->type == SX_Q4_K || w->type == SX_Q5_K || w->type == SX_Q6_K; /* tile16.c */
-    /* 3-4 rows: two calls of 2 on the 16-row tile beat one call of 4 on tile_q (tile16.c), and
-     * on a narrow matrix one call of 4 on the 16-row tile beats both (its two tiles are one
-     * stream there: SX_X2_PF); 2 rows are bandwidth-bound either way */
-    const int q4_34 = w->type == SX_Q4_0 && nrc == 0 && n > 2 && n <= 4;
-    const int one_x2 = q4_34 && 2 * tile < SX_X2_PF;
-    if (q4_34 && !one_x2) cmax = 2;
+    /* 3-4 rows: two calls (2 + 2, 2 + 1) on the 16-row tile beat one call of 4 on tile_q
+     * (tile16.c), and on a narrow matrix 4 rows in one call on the 16-row tile beat both (its
+     * two tiles are one stream there: SX_X2_PF); 2 rows are bandwidth-bound either way */
+    const int one_x2 = w->type == SX_Q4_0 && nrc == 0 && n == 4 && 2 * tile < SX_X2_PF;
+    if (w->type == SX_Q4_0 && nrc == 0 && n > 2 && n <= 4 && !one_x2) cmax = 2;
 #endif
     int passes = 0; /* tile calls per tile */
     for (int c = 0; c < n; c += sx_group_rows(cmax, n - c)) passes++;

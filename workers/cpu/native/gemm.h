@@ -89,7 +89,7 @@ void sx_x2_rows(const sx_mat *w, int r, int n, int cmax, int passes, const sx_ac
  * alternating builds): 4 rows 6.7-6.8 -> 5.5-5.9 ms, 3 rows 6.6 -> 5.1-5.6 ms, 1 row (tile_q)
  * 5.4 ms either way; 8 KiB and 32 KiB alike; the padded SmolLM2's fused step (bench/
  * step_profile.py, 4 sequences) 21.9-22.3 -> 19.9-20.4 ms, 1 sequence unchanged. A narrow
- * matrix's two tiles are also one DRAM stream, so 3-4 rows there run as ONE call of 4 on the
+ * matrix's two tiles are also one DRAM stream, so 4 rows there run as ONE call of 4 on the
  * 16-row tile (gemm.c): 16384 x 576 at 4 rows 5.3 -> 4.8 ms; the padded SmolLM2's step of 4
  * rows of one sequence (bench/spec_rows.py, four alternating runs) 23.5-24.8 -> 21.9-23.4 ms. */
 #define SX_X2_PF 16384

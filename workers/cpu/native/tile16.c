@@ -17,7 +17,7 @@
  * instead every call prefetches its share of the NEXT two tiles (sx_pf), which keeps the
  * stream steady. As the one call over its tiles it reads two DRAM streams and was 25-30%
  * slower than tile_q on Zen 4 (batch 1 and 4), so it is not used that way, but on narrow
- * matrices at 3-4 rows (gemm.h, SX_X2_PF: there the two tiles are one stream). Measured on a
+ * matrices at 4 rows (gemm.h, SX_X2_PF: there the two tiles are one stream). Measured on a
  * 2-core Zen 4 VM (Q4_0 8192 x 2048 matrices well over L3, 2 threads, GMAC/s per core of a
  * 225-233 VPDPBUSD peak): batch 16 tile_q 111-118 (the spread prefetch alone: no change),
  * this tile with in-stream prefetch 132-142, with the spread prefetch 155-165; batch 8
