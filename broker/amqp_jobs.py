@@ -35,7 +35,7 @@ from .amqp_connection import AmqpConnection, AmqpEntry, job_streams
 from .keys import Keys
 from .kv_store import KVStore
 from .schemas import DecodeJob, RequestPart
-from .worker_io import Entry, WorkQueues
+from .worker_io import Claim, Entry, WorkQueues
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +137,10 @@ class AmqpQueues:
     def lost_own(self, known: set[str], min_idle_ms: int = 1000) -> list[Entry]:
         return self.redis_queues.lost_own(known, min_idle_ms)
 
-    def claim_orphans(self, live_consumers: set[str], count: int) -> list[Entry]:
+    def unread(self) -> int:
+        return sum(self.amqp.depth(s) for s in self.amqp_streams) + self.redis_queues.unread()
+
+    def claim_orphans(self, live_consumers: set[str], count: int) -> Claim:
         return self.redis_queues.claim_orphans(live_consumers, count)
 
     # ---- settling -------------------------------------------------------------------------

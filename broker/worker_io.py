@@ -14,11 +14,11 @@ import logging
 import os
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import redis
 
-from . import itl_tails
+from . import itl_tails, waiting_jobs
 from .keys import DEVICE_CLASSES, KEYS, Keys
 from .liveness import HEARTBEAT_TTL, is_alive
 from .schemas import RequestPart
@@ -36,6 +36,16 @@ class Entry:
     entry_id: str
     data: bytes | None  # None: the entry was deleted before we read it
     reclaimed: bool = False
+
+
+@dataclass
+class Claim:
+    """A claim round's take: the entries now ours, and `left`, the dead consumers' entries seen
+    but not taken (no room here, or another worker's claim came first). A worker holds its
+    reads of new work back while some are left: they were a client's stream in the middle."""
+
+    entries: list[Entry] = field(default_factory=list)
+    left: int = 0
 
 
 def _job_data(fields: dict | None) -> bytes | None:
@@ -234,31 +244,34 @@ class WorkQueues:
         )
         self.ack(entry)
 
-    def claim_orphans(self, live_consumers: set[str], count: int) -> list[Entry]:
-        """Take over pending entries whose consumer is no longer alive."""
-        claimed: list[Entry] = []
+    def unread(self) -> int:
+        """Entries of its streams no consumer has read yet."""
+        return waiting_jobs.unread(self.r, self.streams, self.group)
+
+    def claim_orphans(self, live_consumers: set[str], count: int) -> Claim:
+        """Take over up to `count` pending entries whose consumer is no longer alive, oldest
+        first (`Claim.left`: those seen and not taken)."""
+        claim = Claim()
         for stream in self.streams:
-            if len(claimed) >= count:
-                break
-            try:
-                pending = self.r.xpending_range(stream, self.group, "-", "+", count=100)
-            except redis.ResponseError:
+            dead = waiting_jobs.dead_pending(
+                self.r, stream, self.group, self.consumer, live_consumers
+            )
+            room = count - len(claim.entries)
+            claim.left += len(dead)
+            if not dead or room <= 0:
                 continue
-            dead = [
-                p["message_id"]
-                for p in pending
-                if as_text(p["consumer"]) not in live_consumers
-                and as_text(p["consumer"]) != self.consumer
-            ][: count - len(claimed)]
-            if not dead:
-                continue
-            claims = self.r.xclaim(stream, self.group, self.consumer, CLAIM_MIN_IDLE_MS, dead)
+            claims = self.r.xclaim(
+                stream, self.group, self.consumer, CLAIM_MIN_IDLE_MS, dead[:room]
+            )
+            claim.left -= len(claims)
             for entry_id, fields in claims:
                 data = _job_data(fields)
-                claimed.append(Entry(stream, as_text(entry_id), data, reclaimed=True))
+                entry = Entry(stream, as_text(entry_id), data, reclaimed=True)
                 if data is None:  # deleted entry: nothing to run
-                    self.ack(claimed.pop())
-        return claimed
+                    self.ack(entry)
+                else:
+                    claim.entries.append(entry)
+        return claim
 
 
 class Heartbeat:

@@ -10,6 +10,12 @@ Claims, in the order a job can be lost:
 - `rescue_stranded`: decode jobs on the other device class's stream while that class has no
   live decoder at all; a prefill worker that saw no live decoder of the right class (a late
   heartbeat, every one of them restarting) queued them where nobody reads.
+
+A claim round takes stranded jobs, then orphans, into the worker's free slots. What it leaves
+for want of room (`Upkeep.waiting`) comes before new work: the worker reads none while some
+wait and claims again as soon as a slot is free (`claim_waiting`). Their clients are in the
+middle of a stream; claimed only on the timer, into slots that new reads fill on every step,
+they waited as long as new requests kept coming (a chaos run under load: 60 s and more).
 """
 
 from __future__ import annotations
@@ -34,6 +40,9 @@ log = logging.getLogger(__name__)
 # dispatcher reads its slots from the heartbeat, and a CPU worker whose streams just ended
 # looked full for up to a second (a third of a 128-token stream's life on 2 cores).
 LOAD_BEAT_S = 0.05
+# While others' jobs wait for room here, a worker with a free slot claims again at most this
+# often (rather than a claim period later).
+CLAIM_RETRY_S = 0.1
 
 
 def step_fields(stats: EngineStats, cadence: TokenCadence) -> dict[str, float]:
@@ -123,6 +132,8 @@ class Upkeep:
         self.due = {"heartbeat": 0.0, "claim": 0.0, "sweep": 0.0}  # monotonic times
         self.beaten_slots = 0  # slots_held() at the last heartbeat (LOAD_BEAT_S)
         self.prompt_tokens_seen = 0  # the engine's count at the last beat: the counter's base
+        self.waiting = 0  # others' jobs the last claim round left for want of room
+        self.claimed_at = 0.0  # monotonic time of the last claim round
         self.engine_name = engine_name(engine)
 
     def start(self) -> None:
@@ -167,8 +178,7 @@ class Upkeep:
             due["heartbeat"] = now + opts.heartbeat_s
             self.beat()
         if due_now("claim", opts.claim_s) and not worker.draining:
-            due["claim"] = now + opts.claim_s
-            self.claim()
+            self._claim_round(now)
         if due_now("sweep", opts.sweep_s):
             due["sweep"] = now + opts.sweep_s
             self.kv.sweep()
@@ -189,16 +199,36 @@ class Upkeep:
         m.prompt_tokens.inc(stats.prompt_tokens - self.prompt_tokens_seen)
         self.prompt_tokens_seen = stats.prompt_tokens
 
+    def claim_waiting(self, now: float) -> None:
+        """A claim round at once when the last one left jobs for want of room and a slot is
+        free now (at most every CLAIM_RETRY_S): the worker's schedule asks before new work."""
+        worker = self.worker
+        if not self.waiting or worker.draining or worker.free_slots() <= 0:
+            return
+        if now - self.claimed_at >= CLAIM_RETRY_S:
+            self._claim_round(now)
+
+    def _claim_round(self, now: float) -> None:
+        self.due["claim"], self.claimed_at = now + self.opts.claim_s, now
+        self.claim()
+
     def claim(self) -> None:
-        """One claim round: dead workers' jobs, ours Redis lost, and stranded decode jobs."""
+        """One claim round: stranded decode jobs, dead workers' jobs, ours Redis lost.
+
+        Stranded jobs first: nobody has decoded them since their first token, while a dead
+        worker's were decoding until it died. While workers keep dying, orphans are there on
+        every round and would take all the room (a chaos run with every decoder dead at
+        once for seconds left stranded streams waiting 71 s)."""
         worker = self.worker
         peers = self.farm.workers(force=True)
         live = {w["id"] for w in peers}
-        for entry in self.streams.idle.claim_orphans(live, worker.free_slots()):
+        waiting = self.rescue_stranded(peers, live)
+        orphans = self.streams.idle.claim_orphans(live, worker.free_slots())
+        for entry in orphans.entries:
             log.warning("claimed orphaned job %s from a dead worker", entry.entry_id)
             worker.accept(entry)
+        self.waiting = waiting + orphans.left
         self.take_back_lost()
-        self.rescue_stranded(peers, live)
 
     def _own_queues(self) -> list[WorkQueues]:
         """Every stream this worker may hold entries of under its own id."""
@@ -223,12 +253,15 @@ class Upkeep:
                 )
                 self.worker.accept(entry)
 
-    def rescue_stranded(self, peers: list[dict], live: set[str]) -> None:
+    def rescue_stranded(self, peers: list[dict], live: set[str]) -> int:
+        """Take the other class's decode jobs while it has no live decoder; the number left
+        there for want of room."""
         worker, queue = self.worker, self.streams.stranded
         if queue is None or worker.draining or self.streams.other_class in decoder_classes(peers):
-            return
-        entries = queue.claim_orphans(live, worker.free_slots())
-        entries += queue.read(worker.free_slots() - len(entries), None)
+            return 0
+        room = worker.free_slots()
+        claim = queue.claim_orphans(live, room)
+        entries = claim.entries + queue.read(room - len(claim.entries), None)
         for entry in entries:
             log.warning(
                 "taking decode job %s stranded on %s (no live decoder there)",
@@ -236,3 +269,6 @@ class Upkeep:
                 queue.streams[0],
             )
             worker.accept(entry)
+        # Unread ones may be left only when the read had no room for more.
+        full = len(entries) >= room
+        return claim.left + (queue.unread() if full else 0)

@@ -133,9 +133,10 @@ class Worker:
         """Cancels first (their slots free up), then new work into the free slots, decodes
         from the backlog into the engine, and requests past their deadline dropped."""
         self._cancel(self.cancels.poll())
+        self.upkeep.claim_waiting(time.monotonic())  # a dead worker's jobs before new work
         idle = not self.engine.has_unfinished() and not self.backlog
         if not self.draining:
-            for entry in self._take(self.free_slots(), idle):
+            for entry in self._take(self._slots_for_new_work(idle), idle):
                 self.accept(entry)
         for job in self.forks.ready(self.jobs):
             self._start_prefill(job)
@@ -144,7 +145,15 @@ class Worker:
 
     def _prefetch_jobs(self) -> None:
         if not self.draining:
-            self.poll.before_step(self.free_slots(), will_write=self.engine.num_running > 0)
+            slots = self._slots_for_new_work(idle=False)
+            self.poll.before_step(slots, will_write=self.engine.num_running > 0)
+
+    def _slots_for_new_work(self, idle: bool) -> int:
+        """The free slots, or none while jobs of dead workers (or stranded ones) wait for room
+        here: the next free slot is theirs (upkeep.claim_waiting), their clients being in the
+        middle of a stream. An idle worker reads as usual: the claim just ran, so what still
+        waits is being taken by another worker."""
+        return self.free_slots() if idle or not self.upkeep.waiting else 0
 
     def _take(self, free: int, idle: bool) -> list[Entry]:
         return self.poll.take(free, idle, self.slots_held())

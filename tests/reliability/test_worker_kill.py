@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import pytest
+from syshax.broker.schemas import entry_events
 
 from ..farm_procs import HEARTBEAT_TTL, ProcFarm
 from .conftest import expected_text, messages
@@ -28,11 +29,14 @@ class Outcome:
     error: str = ""
     started_at: float = 0.0  # time.monotonic()
     ended_at: float = 0.0
+    chunks: int = 0
+    last_chunk_at: float = 0.0
+    wall_start: float = 0.0  # time.time(), to read the record's entry ids against
 
 
 def stream_one(farm: ProcFarm, i: int, max_tokens: int, delay: float) -> Outcome:
     time.sleep(delay)
-    out = Outcome(i, started_at=time.monotonic())
+    out = Outcome(i, started_at=time.monotonic(), wall_start=time.time())
     try:
         stream = farm.client().chat.completions.create(
             model="SmolLM2-135M-Instruct",
@@ -45,6 +49,7 @@ def stream_one(farm: ProcFarm, i: int, max_tokens: int, delay: float) -> Outcome
         parts = []
         for chunk in stream:
             out.request_id = chunk.id
+            out.chunks, out.last_chunk_at = out.chunks + 1, time.monotonic()
             if chunk.usage is not None:
                 out.completion_tokens = chunk.usage.completion_tokens
             for c in chunk.choices:
@@ -59,7 +64,10 @@ def stream_one(farm: ProcFarm, i: int, max_tokens: int, delay: float) -> Outcome
 
 class Killer(threading.Thread):
     """Every `every` seconds (jittered), SIGKILLs a decode worker that has work and starts a
-    replacement at once (as `syshax run` restarts a child)."""
+    replacement at once (as `syshax run` restarts a child). One worker is down at a time: a
+    kill waits until the last replacement has registered. (On a loaded machine a worker takes
+    longer to start than `every`; killing on regardless left no decoder alive for seconds at
+    a time, again and again, which is a farm down, not one worker dying.)"""
 
     def __init__(self, farm: ProcFarm, every: float, seed: int = 0, max_kills: int = 0) -> None:
         super().__init__(daemon=True)
@@ -67,6 +75,7 @@ class Killer(threading.Thread):
         self.rng = random.Random(seed)
         self.stop = threading.Event()
         self.kills: list[str] = []
+        self.replacement = ""  # the last one started: the next kill waits for it
 
     def victim(self) -> str | None:
         busy = []
@@ -80,12 +89,16 @@ class Killer(threading.Thread):
         while not self.stop.wait(self.every * self.rng.uniform(0.7, 1.3)):
             if self.max_kills and len(self.kills) >= self.max_kills:
                 return
+            if self.replacement and not self.farm.r.exists(self.farm.keys.worker(self.replacement)):
+                continue
             name = self.victim()
             if name is None:
                 continue
             self.farm.kill(name, signal.SIGKILL)
             self.kills.append(name)
-            self.farm.start_worker(roles="decode", device_class="cpu", step_delay=STEP_DELAY)
+            self.replacement = self.farm.start_worker(
+                roles="decode", device_class="cpu", step_delay=STEP_DELAY
+            )
 
 
 STEP_DELAY = 0.05  # seconds per decode step: a 60-token request lasts ~3 s undisturbed
@@ -127,7 +140,9 @@ def run_chaos(
     for o in outcomes:
         want = expected_text(tokenizer, messages(o.index), max_tokens)
         if o.error or o.text != want or o.completion_tokens != max_tokens:
-            failures.append((o.index, o.error, o.text[-60:], want[-60:], o.completion_tokens))
+            failures.append(
+                (o.index, o.error, o.text[-60:], want[-60:], o.completion_tokens, timeline(farm, o))
+            )
     # Proof the mechanism ran: some requests were decoded by two or more workers.
     resumed = 0
     duplicated = 0
@@ -137,6 +152,24 @@ def run_chaos(
         duplicated += len(seqs) - len(set(seqs))
         resumed += len({e.worker for e in evs[1:]}) > 1
     return outcomes, failures, killer.kills, resumed, duplicated
+
+
+def timeline(farm: ProcFarm, o: Outcome) -> str:
+    """A failed request's story: which worker wrote which tokens when (seconds after the
+    request started, from the record's entry ids), and when its client last got a chunk."""
+    if not o.request_id:
+        return f"no chunk in {o.ended_at - o.started_at:.1f} s"
+    runs: list[list] = []  # [worker, first seq, last seq, first t, last t]
+    for entry_id, fields in farm.r.xrange(farm.keys.output_stream(o.request_id)):
+        t = int(entry_id.split(b"-")[0]) / 1000 - o.wall_start
+        for ev in entry_events(fields):
+            if runs and runs[-1][0] == ev.worker and ev.seq == runs[-1][2] + 1:
+                runs[-1][2], runs[-1][4] = ev.seq, t
+            else:
+                runs.append([ev.worker, ev.seq, ev.seq, t, t])
+    story = "; ".join(f"{w} {a}-{b} @{s:.1f}-{e:.1f}s" for w, a, b, s, e in runs)
+    last = o.last_chunk_at - o.started_at
+    return f"{o.chunks} chunks, the last @{last:.1f}s, ended @{o.ended_at - o.started_at:.1f}s: {story}"
 
 
 def check(farm: ProcFarm, n, failures, kills, resumed) -> None:

@@ -1,0 +1,58 @@
+"""What waits in a worker's streams for someone to take it: the entries pending under
+consumers whose heartbeat is gone, oldest first (WorkQueues.claim_orphans takes them), and
+those nobody has read yet.
+
+XPENDING's summary names the consumers with entries pending; only the dead ones' entries are
+listed. (The extended form over the whole group returned the oldest 100 entries of every
+consumer, live ones included: past 100 pending jobs, a dead worker's were not seen at all.)
+"""
+
+from __future__ import annotations
+
+import redis
+
+from .text import as_text
+
+# The most entries one dead consumer's listing returns: more than any worker holds.
+PER_CONSUMER = 1000
+
+
+def _order(entry_id: bytes | str) -> tuple[int, int]:
+    ms, _, seq = as_text(entry_id).partition("-")
+    return int(ms), int(seq or 0)
+
+
+def dead_pending(
+    r: redis.Redis, stream: str, group: str, consumer: str, live: set[str]
+) -> list[bytes | str]:
+    """The ids of `stream`'s entries pending under consumers neither live nor `consumer`,
+    oldest first."""
+    try:
+        summary = r.xpending(stream, group)
+    except redis.ResponseError:  # no stream or group yet: nothing pending
+        return []
+    dead = [
+        as_text(c["name"])
+        for c in summary.get("consumers") or []
+        if as_text(c["name"]) not in live and as_text(c["name"]) != consumer
+    ]
+    ids: list[bytes | str] = []
+    for name in dead:
+        rows = r.xpending_range(stream, group, "-", "+", PER_CONSUMER, consumername=name)
+        ids += [p["message_id"] for p in rows]
+    return sorted(ids, key=_order)
+
+
+def unread(r: redis.Redis, streams: list[str], group: str) -> int:
+    """Entries of `streams` no consumer of `group` has read yet: their length less those
+    pending (an entry is deleted when it is acked)."""
+    pipe = r.pipeline(transaction=False)
+    for stream in streams:
+        pipe.xlen(stream)
+        pipe.xpending(stream, group)
+    replies = pipe.execute(raise_on_error=False)
+    total = 0
+    for length, pending in zip(replies[::2], replies[1::2], strict=True):
+        read = 0 if isinstance(pending, Exception) else int(pending.get("pending") or 0)
+        total += max(int(length) - read, 0)  # (an error on XPENDING: no group, none read)
+    return total
