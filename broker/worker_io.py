@@ -140,12 +140,9 @@ class WorkQueues:
         nobody else claims it while our id heartbeats. `own_pending` at start cannot see an
         entry delivered after it ran, so the worker looks again on its claim timer."""
         out: list[Entry] = []
-        for stream in self.streams:
-            try:
-                pending = self.r.xpending_range(
-                    stream, self.group, "-", "+", count=100, consumername=self.consumer
-                )
-            except redis.ResponseError:
+        rows = waiting_jobs.pending_of(self.r, self.streams, self.group, self.consumer)
+        for stream, pending in zip(self.streams, rows, strict=True):
+            if pending is None:  # no stream or group yet
                 continue
             lost = [
                 as_text(p["message_id"])
@@ -252,9 +249,10 @@ class WorkQueues:
         """Take over up to `count` pending entries whose consumer is no longer alive, oldest
         first (`Claim.left`: those seen and not taken)."""
         claim = Claim()
-        for stream in self.streams:
+        summaries = waiting_jobs.pending_summaries(self.r, self.streams, self.group)
+        for stream, summary in zip(self.streams, summaries, strict=True):
             dead = waiting_jobs.dead_pending(
-                self.r, stream, self.group, self.consumer, live_consumers
+                self.r, stream, self.group, summary, self.consumer, live_consumers
             )
             room = count - len(claim.entries)
             claim.left += len(dead)

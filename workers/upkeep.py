@@ -170,7 +170,7 @@ class Upkeep:
             return now >= due[timer] + slack * period
 
         # The heartbeat is never early: before a prompt-only step it would carry the prompts
-        # about to be prefilled (see above); it is one round trip, the claim round eleven.
+        # about to be prefilled (see above); it is one round trip, the claim round seven.
         beat = now >= due["heartbeat"] + max(slack, 0.0) * opts.heartbeat_s
         if not beat and worker.slots_held() != self.beaten_slots:
             beat = now - due["heartbeat"] + opts.heartbeat_s >= LOAD_BEAT_S

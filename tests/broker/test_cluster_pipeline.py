@@ -5,6 +5,7 @@ cluster (tests/reliability/test_redis_cluster.py); this one checks the pipeline 
 
 from __future__ import annotations
 
+import time
 from functools import partial
 
 import pytest
@@ -12,7 +13,7 @@ from redis.cluster import RedisCluster
 from syshax.broker.keys import KEYS
 from syshax.broker.schemas import TokenEvent
 from syshax.broker.token_publisher import TokenPublisher
-from syshax.broker.worker_io import WorkQueues, record_dispatch
+from syshax.broker.worker_io import CLAIM_MIN_IDLE_MS, WorkQueues, record_dispatch
 
 from ..redis_cluster import LocalCluster, cluster_tools
 
@@ -51,4 +52,26 @@ def test_a_token_write_carries_riders_and_a_poll_on_a_cluster(cluster):
     assert r.xpending(KEYS.prefill_stream, queues.group)["pending"] == 1, "first acked"
     assert r.xlen(KEYS.prefill_stream) == 1, "first deleted, second waits for its ack"
     assert r.lindex(KEYS.dispatch_log, 0).decode().endswith("[no_xpu_decoder] no xPU decode worker")
+    r.close()
+
+
+def test_a_claim_rounds_pipelines_on_a_cluster(cluster):
+    """A claim round's reads of several streams go as one pipeline each (waiting_jobs.py),
+    which a cluster pipeline sends to the node of the streams' slot."""
+    r = RedisCluster.from_url(cluster.url)
+    streams = [KEYS.decode_stream("cpu"), KEYS.prefill_stream, KEYS.prefill_batch_stream]
+    for stream in streams:
+        r.delete(stream)
+    dead, me = WorkQueues(r, streams, "dead"), WorkQueues(r, streams, "me")
+    dead.ensure_groups()
+    r.xadd(KEYS.decode_stream("cpu"), {"j": b"a"})
+    r.xadd(KEYS.prefill_stream, {"j": b"b"})
+    assert sorted(e.data for e in dead.read(4, None)) == [b"a", b"b"]
+    r.xadd(KEYS.prefill_stream, {"j": b"c"})
+    assert me.unread() == 1
+    time.sleep(CLAIM_MIN_IDLE_MS / 1000 + 0.1)
+    claim = me.claim_orphans({"me"}, 4)
+    assert sorted(e.data for e in claim.entries) == [b"a", b"b"] and claim.left == 0
+    held = {e.entry_id for e in claim.entries if e.data == b"a"}
+    assert [e.data for e in me.lost_own(held, min_idle_ms=0)] == [b"b"], "ours, not held"
     r.close()

@@ -106,3 +106,27 @@ def test_a_cancel_heard_before_the_job_is_taken_stops_it(redis_url):
     assert "c" not in w.jobs and not w.engine.has_unfinished(), "cancelled before it ran"
     assert _calls(r).get("exists", 0) == 0, "known from the cancel heard"
     assert wait_for(lambda: (w.iterate(), r.xlen(KEYS.prefill_stream) == 0)[1], 5)
+
+
+def test_a_claim_round_with_nothing_to_claim_is_seven_round_trips(redis_url, monkeypatch):
+    """A claim round that falls between two tokens of a stream is that gap's, every claim
+    period (docs/benchmarks.md, "The worker loop at one stream"). With nothing to take: the
+    live workers (2), the other class's stranded jobs (2: this farm has no xPU decoder), and
+    one pipeline each for the dead workers' entries and for ours Redis may have lost on this
+    worker's three streams and on the stranded one (3). It was 11: one XPENDING per stream."""
+    from redis.connection import Connection
+
+    w = _worker(redis_url)
+    w.upkeep.start()
+    sent = []
+    send = Connection.send_packed_command
+
+    def counted(self, command, check_health=True):
+        sent.append(command)
+        return send(self, command, check_health)
+
+    monkeypatch.setattr(Connection, "send_packed_command", counted)
+    w.upkeep.claim()
+    monkeypatch.undo()
+    assert len(sent) == 7, len(sent)
+    assert w.upkeep.waiting == 0
