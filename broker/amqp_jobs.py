@@ -134,7 +134,7 @@ class AmqpQueues:
     def own_pending(self, count: int = 1000) -> list[Entry]:
         return self.redis_queues.own_pending(count)
 
-    def lost_own(self, known: set[str], min_idle_ms: int = 1000) -> list[Entry]:
+    def lost_own(self, known: set[tuple[str, str]], min_idle_ms: int = 1000) -> list[Entry]:
         return self.redis_queues.lost_own(known, min_idle_ms)
 
     def unread(self) -> int:

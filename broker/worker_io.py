@@ -129,9 +129,13 @@ class WorkQueues:
                 out += self._reclaimed(stream, entries)
         return out
 
-    def lost_own(self, known: set[str], min_idle_ms: int = CLAIM_MIN_IDLE_MS) -> list[Entry]:
-        """Entries pending under this consumer name that this process never received (ids not
-        in `known`, the entries it holds), idle at least `min_idle_ms`, claimed back.
+    def lost_own(
+        self, known: set[tuple[str, str]], min_idle_ms: int = CLAIM_MIN_IDLE_MS
+    ) -> list[Entry]:
+        """Entries pending under this consumer name that this process never received (not in
+        `known`, the (stream, entry id) of each entry it holds: two streams give their entries
+        the same id when they are added in the same millisecond), idle at least `min_idle_ms`,
+        claimed back.
 
         Redis delivers a stream entry to a consumer's blocked XREADGROUP and records it as
         pending before it writes the reply. When that connection is already dead (a killed
@@ -147,7 +151,7 @@ class WorkQueues:
             lost = [
                 as_text(p["message_id"])
                 for p in pending
-                if as_text(p["message_id"]) not in known
+                if (stream, as_text(p["message_id"])) not in known
                 and p["time_since_delivered"] >= min_idle_ms
             ]
             if not lost:

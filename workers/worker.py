@@ -175,9 +175,9 @@ class Worker:
         """The heartbeat's fields: this worker's load now (upkeep.load_fields)."""
         return load_fields(self.engine, self.opts, self.decode_slots, len(self.backlog), self.cadence, self.draining)  # fmt: skip
 
-    def held_entries(self) -> set[str]:
-        """The stream entries of the jobs this process holds."""
-        return {job.entry.entry_id for job in self.jobs.values()}
+    def held_entries(self) -> set[tuple[str, str]]:
+        """The stream entries of the jobs this process holds: (stream, entry id)."""
+        return {(job.entry.stream, job.entry.entry_id) for job in self.jobs.values()}
 
     # ---- taking work --------------------------------------------------------------------
 
@@ -360,13 +360,15 @@ class Worker:
         while (self.jobs or self.engine.has_unfinished()) and time.monotonic() < end:
             self.iterate()
         self.publisher.flush_all()  # whoever takes a request over reads its whole record
-        requeued: set[str] = set()
+        requeued: set[tuple[str, str]] = set()
         for job in list(self.jobs.values()):
-            # Requeue unchanged (once per entry: the choices of a prefill job share it):
-            # whoever takes it skips the choices handed off and restarts the others.
+            # Requeue unchanged (once per entry: the choices of a prefill job share it;
+            # entries of two streams can share an id): whoever takes it skips the choices
+            # handed off and restarts the others.
             self.engine.abort(job.request_id)
-            if job.entry.entry_id not in requeued:
-                requeued.add(job.entry.entry_id)
+            entry = (job.entry.stream, job.entry.entry_id)
+            if entry not in requeued:
+                requeued.add(entry)
                 self.streams.work.requeue(job.entry)
             self.jobs.pop(job.request_id, None)
         self.forks.clear()

@@ -72,6 +72,6 @@ def test_a_claim_rounds_pipelines_on_a_cluster(cluster):
     time.sleep(CLAIM_MIN_IDLE_MS / 1000 + 0.1)
     claim = me.claim_orphans({"me"}, 4)
     assert sorted(e.data for e in claim.entries) == [b"a", b"b"] and claim.left == 0
-    held = {e.entry_id for e in claim.entries if e.data == b"a"}
+    held = {(e.stream, e.entry_id) for e in claim.entries if e.data == b"a"}
     assert [e.data for e in me.lost_own(held, min_idle_ms=0)] == [b"b"], "ours, not held"
     r.close()

@@ -204,7 +204,9 @@ def test_children_run_in_sessions_of_their_own(tmp_path):
     sup = Supervisor([Child("cmd", _py(code)), Child("fn", target=target)])
     sup.start()
     try:
-        assert wait_for(lambda: out.exists() and forked.exists(), 10)
+        # write_text creates the file before it writes: wait for the text, not the file
+        written = lambda p: p.exists() and p.read_text() != ""  # noqa: E731
+        assert wait_for(lambda: written(out) and written(forked), 10)
         assert int(out.read_text()) == sup.children[0].pid != os.getsid(0)
         assert int(forked.read_text()) == sup.children[1].pid
     finally:
