@@ -145,6 +145,7 @@ def test_the_farm_page_follows_a_loaded_farm_without_a_reload(
 
 
 def test_a_dead_letter_requeued_by_a_click_completes(thread_farm, dashboard, browser, r):
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions
     from selenium.webdriver.support.ui import WebDriverWait
@@ -163,19 +164,19 @@ def test_a_dead_letter_requeued_by_a_click_completes(thread_farm, dashboard, bro
     (entry,) = queues.read(1, None)
     queues.dead_letter(entry, "engine error: <b>injected</b>")  # markup stays text
     browser.get(f"{dashboard(KEYS)}/farm/")
-    wait = WebDriverWait(browser, 10)
-    button = wait.until(
-        expected_conditions.element_to_be_clickable(
-            (By.CSS_SELECTOR, "#dead button[data-action=requeue]")
-        )
-    )
-    reason = browser.find_element(By.CSS_SELECTOR, "#dead td.reason")
-    assert reason.text == "engine error: <b>injected</b>"
-    button.click()
+    # The page re-renders its tables on every refresh, so an element found a moment ago may
+    # be gone by the time it is read or clicked: each read and click finds it again, and the
+    # wait retries one that went stale (CI saw a click land on a replaced button).
+    wait = WebDriverWait(browser, 10, ignored_exceptions=[StaleElementReferenceException])
+    requeue = (By.CSS_SELECTOR, "#dead button[data-action=requeue]")
+    wait.until(expected_conditions.element_to_be_clickable(requeue))
+    reason = wait.until(lambda d: d.find_element(By.CSS_SELECTOR, "#dead td.reason").text)
+    assert reason == "engine error: <b>injected</b>"
+    wait.until(lambda d: d.find_element(*requeue).click() or True)
     wait.until(expected_conditions.alert_is_present()).dismiss()  # "no": nothing happens
     time.sleep(0.5)
     assert r.xlen(KEYS.dead_letter_stream) == 1 and r.xlen(KEYS.prefill_stream) == 0
-    browser.find_element(By.CSS_SELECTOR, "#dead button[data-action=requeue]").click()
+    wait.until(lambda d: d.find_element(*requeue).click() or True)
     wait.until(expected_conditions.alert_is_present()).accept()
     wait.until(lambda d: "requeued on" in d.find_element(By.ID, "flash").text)
     assert r.xlen(KEYS.dead_letter_stream) == 0
