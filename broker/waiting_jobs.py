@@ -9,6 +9,9 @@ consumer, live ones included: past 100 pending jobs, a dead worker's were not se
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import redis
 
 from .text import as_text
@@ -22,27 +25,35 @@ def _order(entry_id: bytes | str) -> tuple[int, int]:
     return int(ms), int(seq or 0)
 
 
-def pending_summaries(r: redis.Redis, streams: list[str], group: str) -> list[dict | None]:
-    """XPENDING's summary of each of `streams` (None: no stream or group yet), in one round
-    trip: a claim round looks at every stream a worker serves, and the round trips of a claim
-    round that falls between two tokens of a stream are that gap's (docs/benchmarks.md)."""
+def _per_stream(r: redis.Redis, streams: list[str], add: Callable[[Any, str], Any]) -> list:
+    """One command per stream (`add(pipe, stream)`) in one round trip; None for a stream
+    whose command failed with a reply error (no stream or group yet)."""
     pipe = r.pipeline(transaction=False)
     for stream in streams:
-        pipe.xpending(stream, group)
+        add(pipe, stream)
     replies = pipe.execute(raise_on_error=False)
     return [None if isinstance(reply, redis.ResponseError) else reply for reply in replies]
+
+
+def pending_summaries(r: redis.Redis, streams: list[str], group: str) -> list[dict | None]:
+    """XPENDING's summary of each of `streams`, in one round trip: a claim round looks at
+    every stream a worker serves, and the round trips of a claim round that falls between two
+    tokens of a stream are that gap's (docs/benchmarks.md)."""
+    return _per_stream(r, streams, lambda pipe, stream: pipe.xpending(stream, group))
 
 
 def pending_of(
     r: redis.Redis, streams: list[str], group: str, consumer: str, count: int = 100
 ) -> list[list[dict] | None]:
-    """The entries pending under `consumer` in each of `streams` (XPENDING's extended form;
-    None: no stream or group yet), in one round trip."""
-    pipe = r.pipeline(transaction=False)
-    for stream in streams:
-        pipe.xpending_range(stream, group, "-", "+", count, consumername=consumer)
-    replies = pipe.execute(raise_on_error=False)
-    return [None if isinstance(reply, redis.ResponseError) else reply for reply in replies]
+    """The entries pending under `consumer` in each of `streams` (XPENDING's extended form),
+    in one round trip."""
+    return _per_stream(
+        r,
+        streams,
+        lambda pipe, stream: pipe.xpending_range(
+            stream, group, "-", "+", count, consumername=consumer
+        ),
+    )
 
 
 def dead_pending(
@@ -72,6 +83,6 @@ def unread(r: redis.Redis, streams: list[str], group: str) -> int:
     replies = pipe.execute(raise_on_error=False)
     total = 0
     for length, pending in zip(replies[::2], replies[1::2], strict=True):
-        read = 0 if isinstance(pending, Exception) else int(pending.get("pending") or 0)
+        read = 0 if isinstance(pending, redis.ResponseError) else int(pending.get("pending") or 0)
         total += max(int(length) - read, 0)  # (an error on XPENDING: no group, none read)
     return total
