@@ -31,7 +31,8 @@ typedef struct {
     int32_t *zq;            /* [B, kmax / 32] */
     float *xsum;            /* [B, kmax / 32] */
     int32_t *hsum;          /* [B, kmax / 32, 2] */
-    float *scores;          /* [max_len + 2 head_dim]: attention scores, the new key and value */
+    float *scores;          /* [2 head_dim + group * max_len]: the new key and value, then one row
+                             * of attention scores per query head of a KV group */
 } sx_scratch;
 
 /* Work-sharing phases of a step (each with its own claim counters): per layer qkv, store_kv,
@@ -173,7 +174,7 @@ sx_ctx *sx_ctx_new(const sx_model *m, int max_batch, int n_threads, int nrc) {
         c->ws[t].zq = zalloc(B * (c->kmax / SX_QK) * 4);
         c->ws[t].xsum = zalloc(B * (c->kmax / SX_QK) * 4);
         c->ws[t].hsum = zalloc(B * (c->kmax / SX_QK) * 8);
-        c->ws[t].scores = zalloc(((size_t)m->max_len + 2 * m->head_dim) * 4);
+        c->ws[t].scores = zalloc(((size_t)(m->n_heads / m->n_kv_heads) * m->max_len + 2 * m->head_dim) * 4);
         ok = c->ws[t].xn && c->ws[t].blocks && c->ws[t].scales && c->ws[t].zq && c->ws[t].xsum && c->ws[t].hsum &&
              c->ws[t].scores;
     }
@@ -259,7 +260,7 @@ static const float *new_kv(const sx_ctx *c, const sx_layer *L, int s, int g, int
 }
 
 static void attend_heads(const sx_ctx *c, const sx_layer *L, int s, const int32_t *table, int h0, int h1,
-                         int64_t pos, const float *k, const float *vn, float *scratch) {
+                         int64_t pos, const float *k, const float *vn, float *scores) {
     const sx_model *m = &c->m;
     const int d = m->head_dim, g = h0 / (m->n_heads / m->n_kv_heads);
     float *row = c->qkv + (size_t)s * (c->q_out + 2 * c->kv_out);
@@ -270,9 +271,9 @@ static void attend_heads(const sx_ctx *c, const sx_layer *L, int s, const int32_
         float *q = row + (size_t)h * d;
         if (L->q_norm) sx_rmsnorm(q, L->q_norm, d, m->eps, q);
         sx_rope(q, cs, sn, d);
-        sx_attend_paged(q, L->k_cache, L->v_cache, m->kv_f16, table, c->bs, block, head, (int)pos, k, vn, d, scale,
-                        scratch, c->attn + (size_t)s * c->q_out + (size_t)h * d);
     }
+    sx_attend_heads_paged(row + (size_t)h0 * d, h1 - h0, L->k_cache, L->v_cache, m->kv_f16, table, c->bs, block, head,
+                          (int)pos, k, vn, d, scale, scores, (size_t)m->max_len, c->attn + (size_t)s * c->q_out + (size_t)h0 * d);
 }
 
 /* Step 2: attention of query heads [h0, h1) of row s, all of one KV head g. Each item
@@ -285,7 +286,7 @@ static void attention_item(const sx_ctx *c, const sx_layer *L, int s, const int3
                            int64_t pos, float *scratch) {
     const sx_model *m = &c->m;
     const int d = m->head_dim, group = m->n_heads / m->n_kv_heads, g = h0 / group;
-    float *k = scratch + m->max_len, *vn = k + d; /* the new key and value as the cache holds them */
+    float *k = scratch, *vn = k + d; /* the new key and value as the cache holds them */
     const float *v = new_kv(c, L, s, g, pos, k);
     const size_t at = kv_at(c, table, g, pos);
     if (m->kv_f16) {
@@ -306,7 +307,7 @@ static void attention_item(const sx_ctx *c, const sx_layer *L, int s, const int3
             memcpy((float *)L->v_cache + at, v, (size_t)d * 4);
         }
     }
-    attend_heads(c, L, s, table, h0, h1, pos, k, vn, scratch);
+    attend_heads(c, L, s, table, h0, h1, pos, k, vn, scratch + 2 * d);
 }
 
 /* Step 2 when rows of one sequence share the step (a prompt chunk): first every row's key
@@ -334,12 +335,12 @@ static void attend_stored(const sx_ctx *c, const sx_layer *L, int s, const int32
     const sx_model *m = &c->m;
     const int d = m->head_dim, g = h0 / (m->n_heads / m->n_kv_heads);
     const size_t at = kv_at(c, table, g, pos);
-    float *k = scratch + m->max_len, *vn = k + d;
+    float *k = scratch, *vn = k + d;
     for (int i = 0; i < d; i++) {
         k[i] = m->kv_f16 ? sx_h2f(((const uint16_t *)L->k_cache)[at + i]) : ((const float *)L->k_cache)[at + i];
         vn[i] = m->kv_f16 ? sx_h2f(((const uint16_t *)L->v_cache)[at + i]) : ((const float *)L->v_cache)[at + i];
     }
-    attend_heads(c, L, s, table, h0, h1, pos, k, vn, scratch);
+    attend_heads(c, L, s, table, h0, h1, pos, k, vn, scratch + 2 * d);
 }
 
 /* Checks a step's rows and sets c->row_table; returns 0 (one-phase attention), 1 (rows share

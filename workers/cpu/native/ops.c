@@ -65,7 +65,19 @@ void sx_rmsnorm(const float *x, const float *w, int n, float eps, float *out) {
 
 void sx_softmax_inplace(float *x, int n) {
     float max = x[0];
-    for (int i = 1; i < n; i++) max = x[i] > max ? x[i] : max;
+    int m = 1;
+#ifdef SX_AVX2
+    /* The maximum is exact in any order (the compiler will not vectorize the scalar loop: its
+     * NaN and signed-zero rules differ from maxps's). */
+    if (n >= 16) {
+        __m256 vm = _mm256_loadu_ps(x);
+        for (m = 8; m + 8 <= n; m += 8) vm = _mm256_max_ps(vm, _mm256_loadu_ps(x + m));
+        float lanes[8];
+        _mm256_storeu_ps(lanes, vm);
+        for (int j = 0; j < 8; j++) max = lanes[j] > max ? lanes[j] : max;
+    }
+#endif
+    for (int i = m; i < n; i++) max = x[i] > max ? x[i] : max;
     float lanes[8] = {0}, tail = 0.0f;
     int i = 0;
 #ifdef SX_AVX2
@@ -139,6 +151,14 @@ static inline __m256 load8(const void *base, int f16, size_t off) {
     if (f16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)base + off)));
     return _mm256_loadu_ps((const float *)base + off);
 }
+
+/* The 8-lane sums of eight accumulators, lane u of the result from acc[u]: the reduction
+ * order of attn_dot. */
+static inline __m256 reduce8(const __m256 *acc) {
+    const __m256 h0 = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
+    const __m256 h1 = _mm256_hadd_ps(_mm256_hadd_ps(acc[4], acc[5]), _mm256_hadd_ps(acc[6], acc[7]));
+    return _mm256_add_ps(_mm256_permute2f128_ps(h0, h1, 0x20), _mm256_permute2f128_ps(h0, h1, 0x31));
+}
 #endif
 
 /* scores[t] = (q . k_t) * scale for t < len. */
@@ -155,10 +175,7 @@ static void attn_scores(const float *q, const void *k, int f16, int len, int d, 
             for (int u = 0; u < 8; u++)
                 acc[u] = _mm256_fmadd_ps(qv, load8(k, f16, (size_t)(t + u) * d + i), acc[u]);
         }
-        const __m256 h0 = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
-        const __m256 h1 = _mm256_hadd_ps(_mm256_hadd_ps(acc[4], acc[5]), _mm256_hadd_ps(acc[6], acc[7]));
-        const __m256 sum = _mm256_add_ps(_mm256_permute2f128_ps(h0, h1, 0x20), _mm256_permute2f128_ps(h0, h1, 0x31));
-        _mm256_storeu_ps(scores + t, _mm256_mul_ps(sum, vs));
+        _mm256_storeu_ps(scores + t, _mm256_mul_ps(reduce8(acc), vs));
     }
 #endif
     float tmp[512];
@@ -191,32 +208,156 @@ static void attn_values(const float *p, const void *v, int f16, int len, int d, 
     }
 }
 
-void sx_attend(const float *q, const void *k, const void *v, int f16, int cached,
-               const float *k_new, const float *v_new, int d, float scale, float *scores, float *out) {
-    attn_scores(q, k, f16, cached, d, scale, scores);
-    scores[cached] = attn_dot(q, k_new, d) * scale;
-    sx_softmax_inplace(scores, cached + 1);
-    attn_values(scores, v, f16, cached, d, 0, out);
-    sx_axpy(scores[cached], v_new, out, d);
-}
-
 /* This head's part of block b of a sequence's cache (table: the sequence's block table). */
 static inline const char *head_block(const void *cache, const int32_t *table, int b, size_t block_elems,
                                      size_t head_elems, size_t eb) {
     return (const char *)cache + ((size_t)table[b] * block_elems + head_elems) * eb;
 }
 
-/* The same over a paged cache: positions [t0, t0 + bs) of the sequence live in block
- * table[t0 / bs]. Each block's keys are scored and its values accumulated in position order,
- * with bs a multiple of 8, so the numbers equal sx_attend's over the same positions.
- * The blocks are scattered (the hardware prefetcher cannot follow a block table), and the
- * weights' stream has pushed them out of cache since the last step, so keys are prefetched two
- * blocks ahead of the scores (into L1) and each block's values while its keys are scored (into
- * L2). Measured on the 1B shape, Zen 4, alternating within one process: 2% faster steps at
- * batch 1, 3% at batch 16. */
-void sx_attend_paged(const float *q, const void *k, const void *v, int f16, const int32_t *table, int bs,
-                     size_t block_elems, size_t head_elems, int cached, const float *k_new, const float *v_new,
-                     int d, float scale, float *scores, float *out) {
+#ifdef SX_AVX2
+/* Scores of HC (1-4) heads against SCORE_KEYS keys from t: per i step 4 query and SCORE_KEYS key
+ * loads feed 4 x SCORE_KEYS multiply-adds (one head against 8 keys needs 9 loads for 8: the
+ * loads, not the arithmetic, bound it). Each (head, key) pair keeps its own accumulator:
+ * attn_dot's numbers. */
+#define SCORE_KEYS 2 /* 4 (16 accumulators, AVX-512's registers) measured no faster on Zen 4 */
+static inline __attribute__((always_inline)) void scores_block(const float *q, const int hc, const void *k,
+                                                               const int f16, int t, int d, float scale,
+                                                               float *scores, size_t stride) {
+    __m256 acc[4 * SCORE_KEYS];
+    for (int u = 0; u < 4 * SCORE_KEYS; u++) acc[u] = _mm256_setzero_ps();
+    for (int i = 0; i < d; i += 8) {
+        __m256 kv[SCORE_KEYS];
+        for (int u = 0; u < SCORE_KEYS; u++) kv[u] = load8(k, f16, (size_t)(t + u) * d + i);
+        for (int h = 0; h < hc; h++) {
+            const __m256 qv = _mm256_loadu_ps(q + (size_t)h * d + i);
+            for (int u = 0; u < SCORE_KEYS; u++) acc[SCORE_KEYS * h + u] = _mm256_fmadd_ps(qv, kv[u], acc[SCORE_KEYS * h + u]);
+        }
+    }
+    float out[4 * SCORE_KEYS];
+    for (int r = 0; r < hc * SCORE_KEYS; r += 8)
+        _mm256_storeu_ps(out + r, _mm256_mul_ps(reduce8(acc + r), _mm256_set1_ps(scale)));
+    for (int h = 0; h < hc; h++)
+        for (int u = 0; u < SCORE_KEYS; u++) scores[h * stride + t + u] = out[SCORE_KEYS * h + u];
+}
+
+/* Values of HC (1-4) heads over n positions into out ([heads, d], accumulated in position
+ * order from what it holds), VC vectors of dims per pass: each value vector is loaded once for
+ * all the heads. Per element the multiply-adds of one head alone. */
+#ifdef __AVX512VL__
+#define VALUE_VECS 4 /* 16 accumulators: the 32 vector registers of AVX-512 hold them */
+#else
+#define VALUE_VECS 2
+#endif
+static inline __attribute__((always_inline)) void values_heads(const float *p, size_t stride, const int hc,
+                                                               const void *v, const int f16, int n, int d, float *out) {
+    int i0 = 0;
+    for (; i0 + 8 * VALUE_VECS <= d; i0 += 8 * VALUE_VECS) {
+        __m256 acc[4][VALUE_VECS];
+        for (int h = 0; h < hc; h++)
+            for (int j = 0; j < VALUE_VECS; j++) acc[h][j] = _mm256_loadu_ps(out + (size_t)h * d + i0 + 8 * j);
+        for (int t = 0; t < n; t++) {
+            __m256 vt[VALUE_VECS];
+            for (int j = 0; j < VALUE_VECS; j++) vt[j] = load8(v, f16, (size_t)t * d + i0 + 8 * j);
+            for (int h = 0; h < hc; h++) {
+                const __m256 pt = _mm256_broadcast_ss(p + h * stride + t);
+                for (int j = 0; j < VALUE_VECS; j++) acc[h][j] = _mm256_fmadd_ps(pt, vt[j], acc[h][j]);
+            }
+        }
+        for (int h = 0; h < hc; h++)
+            for (int j = 0; j < VALUE_VECS; j++) _mm256_storeu_ps(out + (size_t)h * d + i0 + 8 * j, acc[h][j]);
+    }
+    for (; i0 < d; i0 += 8) {
+        __m256 acc[4];
+        for (int h = 0; h < hc; h++) acc[h] = _mm256_loadu_ps(out + (size_t)h * d + i0);
+        for (int t = 0; t < n; t++) {
+            const __m256 vt = load8(v, f16, (size_t)t * d + i0);
+            for (int h = 0; h < hc; h++) acc[h] = _mm256_fmadd_ps(_mm256_broadcast_ss(p + h * stride + t), vt, acc[h]);
+        }
+        for (int h = 0; h < hc; h++) _mm256_storeu_ps(out + (size_t)h * d + i0, acc[h]);
+    }
+}
+#endif
+
+#ifdef SX_AVX2
+/* f16 is a constant at every call below, so each loop is compiled once per cache type. */
+static inline __attribute__((always_inline)) void scores_chunk(const float *q, const int hc, const void *k,
+                                                               const int f16, int n, int d, float scale,
+                                                               float *scores, size_t stride) {
+    int t = 0;
+    for (; t + SCORE_KEYS <= n; t += SCORE_KEYS) scores_block(q, hc, k, f16, t, d, scale, scores, stride);
+    float tmp[512];
+    for (; t < n; t++) {
+        const float *kt = kv_row(k, f16, t, d, tmp);
+        for (int h = 0; h < hc; h++) scores[h * stride + t] = attn_dot(q + (size_t)h * d, kt, d) * scale;
+    }
+}
+
+#define BY_HEADS(call, hc, ...)                                                                                     \
+    switch (hc) { /* constant head counts: the loops over heads unroll into registers */                          \
+        case 4: call(__VA_ARGS__, 4); break;                                                                        \
+        case 3: call(__VA_ARGS__, 3); break;                                                                        \
+        case 2: call(__VA_ARGS__, 2); break;                                                                        \
+        default: call(__VA_ARGS__, 1); break;                                                                       \
+    }
+#define SCORES16(q, k, n, d, scale, s, stride, hc) scores_chunk(q, hc, k, 1, n, d, scale, s, stride)
+#define SCORES32(q, k, n, d, scale, s, stride, hc) scores_chunk(q, hc, k, 0, n, d, scale, s, stride)
+#define VALUES16(p, stride, v, n, d, out, hc) values_heads(p, stride, hc, v, 1, n, d, out)
+#define VALUES32(p, stride, v, n, d, out, hc) values_heads(p, stride, hc, v, 0, n, d, out)
+#endif
+
+/* Scores of `heads` heads against n keys (float32 rows, or fp16 when f16), into
+ * scores[h * stride + t]: each key converted once for up to four heads. */
+static void scores_group(const float *q, int heads, const void *k, int f16, int n, int d, float scale, float *scores,
+                         size_t stride) {
+    int h = 0;
+#ifdef SX_AVX2
+    for (; h < heads; h += 4) {
+        const int hc = heads - h < 4 ? heads - h : 4;
+        const float *qh = q + (size_t)h * d;
+        float *sh = scores + h * stride;
+        if (f16) {
+            BY_HEADS(SCORES16, hc, qh, k, n, d, scale, sh, stride)
+        } else {
+            BY_HEADS(SCORES32, hc, qh, k, n, d, scale, sh, stride)
+        }
+    }
+#endif
+    for (; h < heads; h++) attn_scores(q + (size_t)h * d, k, f16, n, d, scale, scores + h * stride);
+}
+
+/* out[h] += sum_t p[h][t] v_t for the `heads` heads, t ascending. */
+static void values_group(const float *p, size_t stride, int heads, const void *v, int f16, int n, int d, float *out) {
+    int h = 0;
+#ifdef SX_AVX2
+    for (; h < heads; h += 4) {
+        const int hc = heads - h < 4 ? heads - h : 4;
+        const float *ph = p + h * stride;
+        float *oh = out + (size_t)h * d;
+        if (f16) {
+            BY_HEADS(VALUES16, hc, ph, stride, v, n, d, oh)
+        } else {
+            BY_HEADS(VALUES32, hc, ph, stride, v, n, d, oh)
+        }
+    }
+#endif
+    for (; h < heads; h++) attn_values(p + h * stride, v, f16, n, d, 1, out + (size_t)h * d);
+}
+
+/* Attention of the heads of one KV group over a paged cache: positions [t0, t0 + bs) of the
+ * sequence live in block table[t0 / bs]. The heads of a group read the same keys and values, so
+ * up to four heads are scored and accumulated per load of a key or value (converted from fp16
+ * once for all of them, not once per head): 1.36x faster at context 2000 and 1.6x with the
+ * cache in L3 (1B shape, one thread, Zen 4; bench in docs/cpu-kernels.md). Per head the
+ * operations and their order are those of one head alone (8-lane multiply-adds per key and
+ * attn_dot's reduction; values accumulated in position order), so the numbers do not depend
+ * on how heads are grouped. The blocks are scattered (the hardware prefetcher cannot follow a
+ * block table), and the weights' stream has pushed them out of cache since the last step, so
+ * keys are prefetched two blocks ahead of the scores (into L1) and each block's values while its
+ * keys are scored (into L2). Measured on the 1B shape, Zen 4, alternating within one process:
+ * 2% faster steps at batch 1, 3% at batch 16. */
+void sx_attend_heads_paged(const float *q, int heads, const void *k, const void *v, int f16, const int32_t *table,
+                           int bs, size_t block_elems, size_t head_elems, int cached, const float *k_new,
+                           const float *v_new, int d, float scale, float *scores, size_t score_stride, float *out) {
     const size_t eb = f16 ? 2 : 4, bytes = (size_t)bs * d * eb; /* one head's part of a block */
     const int blocks = (cached + bs - 1) / bs;
     for (int j = 0; j < 2 && j < blocks; j++) {
@@ -231,13 +372,17 @@ void sx_attend_paged(const float *q, const void *k, const void *v, int f16, cons
             if (ka) __builtin_prefetch(ka + o, 0, 3);
             __builtin_prefetch(vb + o, 0, 2);
         }
-        attn_scores(q, kb, f16, cached - t0 < bs ? cached - t0 : bs, d, scale, scores + t0);
+        scores_group(q, heads, kb, f16, cached - t0 < bs ? cached - t0 : bs, d, scale, scores + t0, score_stride);
     }
-    scores[cached] = attn_dot(q, k_new, d) * scale;
-    sx_softmax_inplace(scores, cached + 1);
-    for (int i = 0; i < d; i++) out[i] = 0.0f;
-    for (int j = 0, t0 = 0; j < blocks; j++, t0 += bs)
-        attn_values(scores + t0, head_block(v, table, j, block_elems, head_elems, eb), f16,
-                    cached - t0 < bs ? cached - t0 : bs, d, 1, out);
-    sx_axpy(scores[cached], v_new, out, d);
+    for (int h = 0; h < heads; h++) {
+        float *sh = scores + h * score_stride, *oh = out + (size_t)h * d;
+        sh[cached] = attn_dot(q + (size_t)h * d, k_new, d) * scale;
+        sx_softmax_inplace(sh, cached + 1);
+        for (int i = 0; i < d; i++) oh[i] = 0.0f;
+    }
+    for (int j = 0, t0 = 0; j < blocks; j++, t0 += bs) {
+        const char *vb = head_block(v, table, j, block_elems, head_elems, eb);
+        values_group(scores + t0, score_stride, heads, vb, f16, cached - t0 < bs ? cached - t0 : bs, d, out);
+    }
+    for (int h = 0; h < heads; h++) sx_axpy(scores[h * score_stride + cached], v_new, out + (size_t)h * d, d);
 }

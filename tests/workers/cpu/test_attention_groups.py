@@ -1,0 +1,101 @@
+"""The fused step's attention kernel (sx_attend_heads_paged) scores and accumulates up to four
+query heads of a KV group per load of a key or value. Grouping must not change a head's numbers:
+every head of a group gets the bits it gets when attended alone, on every build (native and the
+portable scalar one), for any group size, head size, context length and cache type; and the
+result is attention: softmax(q K^T / sqrt(d)) V over the cached positions plus the new one."""
+
+from __future__ import annotations
+
+import ctypes
+import math
+from ctypes import POINTER, c_float, c_int, c_int32, c_size_t, c_void_p
+
+import pytest
+import torch
+from syshax.workers.cpu import lib
+
+BS = 16  # positions per KV block
+
+
+def _kernel(variant: str):
+    fn = lib.load(variant).sx_attend_heads_paged
+    fn.restype = None
+    fn.argtypes = [
+        POINTER(c_float), c_int, c_void_p, c_void_p, c_int, POINTER(c_int32), c_int, c_size_t,
+        c_size_t, c_int, POINTER(c_float), POINTER(c_float), c_int, c_float, POINTER(c_float),
+        c_size_t, POINTER(c_float),
+    ]  # fmt: skip
+    return fn
+
+
+def _fp(t: torch.Tensor):
+    return ctypes.cast(t.data_ptr(), POINTER(c_float))
+
+
+class _Case:
+    """A paged cache of `kv_heads` KV heads with blocks in a shuffled order, one KV head's
+    group of query heads, and the new position's key and value."""
+
+    def __init__(self, heads: int, d: int, cached: int, f16: bool, seed: int):
+        g = torch.Generator().manual_seed(seed)
+        self.heads, self.d, self.cached, self.f16 = heads, d, cached, f16
+        self.kv_heads, self.group = 3, 1  # attend KV head 1: its rows sit between two others
+        blocks = cached // BS + 3
+        dtype = torch.float16 if f16 else torch.float32
+        self.k = torch.randn(blocks, self.kv_heads, BS, d, generator=g).to(dtype)
+        self.v = torch.randn(blocks, self.kv_heads, BS, d, generator=g).to(dtype)
+        self.table = torch.randperm(blocks, generator=g).to(torch.int32)
+        self.q = torch.randn(heads, d, generator=g)
+        self.k_new = torch.randn(d, generator=g)
+        self.v_new = torch.randn(d, generator=g)
+
+    def run(self, variant: str, heads: range | None = None) -> torch.Tensor:
+        """Attention of query heads `heads` (default all, in one call) as the kernel gives it."""
+        heads = heads or range(self.heads)
+        n = len(heads)
+        q = self.q[heads.start : heads.stop].contiguous()
+        scores = torch.zeros(n, self.cached + 1)
+        out = torch.full((n, self.d), float("nan"))  # the kernel must write every element
+        _kernel(variant)(
+            _fp(q), n, self.k.data_ptr(), self.v.data_ptr(), int(self.f16),
+            ctypes.cast(self.table.data_ptr(), POINTER(c_int32)), BS, self.kv_heads * BS * self.d,
+            self.group * BS * self.d, self.cached, _fp(self.k_new), _fp(self.v_new), self.d,
+            1.0 / math.sqrt(self.d), _fp(scores), self.cached + 1, _fp(out),
+        )  # fmt: skip
+        return out
+
+    def reference(self) -> torch.Tensor:
+        """softmax(q K^T / sqrt(d)) V in float64, positions in sequence order."""
+        order = self.table.long()
+        keys = self.k[order, self.group].reshape(-1, self.d)[: self.cached].double()
+        values = self.v[order, self.group].reshape(-1, self.d)[: self.cached].double()
+        keys = torch.cat([keys, self.k_new.double()[None]])
+        values = torch.cat([values, self.v_new.double()[None]])
+        p = torch.softmax(self.q.double() @ keys.T / math.sqrt(self.d), dim=-1)
+        return (p @ values).float()
+
+
+CASES = [
+    (heads, d, cached, f16)
+    for heads, d, cached in [
+        (1, 64, 0),
+        (4, 64, 1),
+        (4, 64, 37),
+        (3, 64, 130),
+        (7, 128, 50),
+        (5, 72, 33),
+        (2, 64, 16),
+        (8, 64, 200),
+    ]
+    for f16 in (True, False)
+]
+
+
+@pytest.mark.parametrize(("heads", "d", "cached", "f16"), CASES)
+def test_a_group_attended_together_gives_each_head_its_own_bits(heads, d, cached, f16):
+    case = _Case(heads, d, cached, f16, seed=heads * 1000 + d + cached)
+    together = case.run("native")
+    alone = torch.cat([case.run("native", range(h, h + 1)) for h in range(heads)])
+    assert torch.equal(together, alone)
+    assert torch.equal(together, case.run("portable"))  # the scalar build: the same bits
+    torch.testing.assert_close(together, case.reference(), rtol=1e-4, atol=1e-5)
