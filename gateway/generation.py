@@ -33,6 +33,16 @@ class ClientGone(Exception):
     """The HTTP client disconnected."""
 
 
+class _Quiet:
+    """`Generation.wait`'s answer when no event came for its `quiet_after` seconds."""
+
+    def __repr__(self) -> str:
+        return "QUIET"
+
+
+QUIET = _Quiet()
+
+
 class Generation:
     """Merges the subscriptions of an API request's choices into one feed of (index, event)."""
 
@@ -154,9 +164,13 @@ class Generation:
                 raise item
         return None
 
-    async def wait(self, request: Request | None) -> tuple[int, TokenEvent] | None:
+    async def wait(
+        self, request: Request | None, quiet_after: float = 0.0
+    ) -> tuple[int, TokenEvent] | _Quiet | None:
         """Like next_event, but raises APIError(504) at the deadline and ClientGone when the
-        client went away; None only when every choice is done."""
+        client went away; None only when every choice is done. With `quiet_after` > 0, QUIET
+        when no event came for that many seconds (the caller keeps the connection alive)."""
+        quiet_at = time.monotonic() + quiet_after if quiet_after > 0 else float("inf")
         while True:
             remaining = self.deadline - time.time()
             if remaining <= 0:
@@ -167,11 +181,14 @@ class Generation:
                 self._checked = time.monotonic()
                 if await request.is_disconnected():
                     raise ClientGone()
-            item = await self.next_event(min(remaining, DISCONNECT_CHECK))
+            timeout = min(remaining, DISCONNECT_CHECK, max(0.0, quiet_at - time.monotonic()))
+            item = await self.next_event(timeout)
             if item is not None or self._open == 0:
                 self._alive_checked = time.monotonic()
                 return item
             await self._check_alive()
+            if time.monotonic() >= quiet_at:
+                return QUIET
 
     async def _check_alive(self) -> None:
         """After a quiet while, make sure the request still exists: a Redis that restarted

@@ -27,7 +27,7 @@ from syshax.broker.keys import Keys
 from syshax.shared.tokenizer import Tokenizer
 
 from .errors import REDIS_DOWN
-from .generation import ClientGone, Generation
+from .generation import QUIET, ClientGone, Generation
 from .metrics import Metrics
 from .model_routes import ModelRoute, Router, build_routes
 from .settings import GatewaySettings
@@ -181,10 +181,15 @@ class Gateway:
                 self.spawn(self.ended(plan.request_id))
             return JSONResponse(gen.response(route.tokenizer))
         # Streaming: wait for the first event, so a failure before any byte is a real HTTP
-        # error (status + OpenAI body), never a 200 with an error inside.
+        # error (status + OpenAI body), never a 200 with an error inside; but not longer than
+        # the keep-alive interval: a request that waits in a queue gets its response started
+        # (and kept alive) rather than a connection silent until a proxy's idle timeout cuts it.
+        keepalive = self.settings.sse_keepalive
         try:
-            item = await gen.wait(request)
-            if item is not None and item[1].error is not None:
+            item = await gen.wait(request, quiet_after=keepalive)
+            if item is QUIET:
+                item = None
+            elif item is not None and item[1].error is not None:
                 gen.apply(*item)
                 raise worker_error(item[1].error)
         except BaseException as exc:
@@ -215,7 +220,7 @@ class Gateway:
             on_end(499)
             self.spawn(self.detached(gen, attach))
 
-        body = sse(gen, tokenizer, send_roles, on_disconnect, on_end)
+        body = sse(gen, tokenizer, send_roles, on_disconnect, on_end, self.settings.sse_keepalive)
         return StreamingResponse(body, media_type="text/event-stream", headers=SSE_HEADERS)
 
     async def detached(self, gen: Generation, attach: int) -> None:

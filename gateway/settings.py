@@ -24,6 +24,7 @@ class GatewaySettings(ApiSettings):
     shutdown_timeout: float = float(_CFG.shutdown_grace)  # seconds streams get to finish on stop
     retry_after: int = 1  # seconds, for 429/503 responses
     max_body_bytes: int = 10 * 2**20  # larger request bodies get 413 (0 = no limit)
+    sse_keepalive: float = _CFG.gateway.sse_keepalive  # seconds of stream silence -> SSE comment
 
     @classmethod
     def from_config(cls, cfg: Config, redis_url: str | None = None) -> GatewaySettings:
@@ -36,5 +37,6 @@ class GatewaySettings(ApiSettings):
             api_keys=list(cfg.api_keys),
             host=cfg.gateway.host,
             port=cfg.gateway.port,
+            sse_keepalive=cfg.gateway.sse_keepalive,
             shutdown_timeout=float(cfg.shutdown_grace),
         )

@@ -25,12 +25,17 @@ from syshax.broker.schemas import TokenEvent
 from syshax.shared.tokenizer import Tokenizer
 
 from .errors import REDIS_DOWN
-from .generation import Generation
+from .generation import QUIET, Generation
 
 log = logging.getLogger(__name__)
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 DONE = "data: [DONE]\n\n"
+# An SSE comment line, which every client skips. No blank line after it: a blank line ends an
+# event, and the openai client (which keeps the last event id, as the spec says) then hands an
+# empty event to its JSON decoder; the spec's clients drop an event without data. The comment
+# becomes part of the next event's block, where it is ignored too.
+KEEPALIVE = ": keep-alive\n"
 MAX_COALESCED = 64  # most chunks joined into one write (a bound on one write's size)
 
 
@@ -191,9 +196,13 @@ async def sse(
     send_roles: bool,
     on_disconnect: Callable[[], None],
     on_end: Callable[[int], None],
+    keepalive: float = 0.0,
 ) -> AsyncIterator[str]:
     """The body of a streamed response. `on_disconnect` runs when the client went away before
-    the end; `on_end(status)` when the stream ended (200, or the error's status)."""
+    the end; `on_end(status)` when the stream ended (200, or the error's status). After
+    `keepalive` seconds without an event (> 0) an SSE comment goes out: clients skip it, and a
+    proxy's or client's idle timeout does not cut a stream that waits in a queue or for a
+    takeover. A write also finds a client that went away."""
     writer = ChunkWriter(gen, tokenizer)
     ended = False
     status = 200
@@ -203,7 +212,10 @@ async def sse(
                 yield writer.role(c.index)
         while not gen.all_done:
             try:
-                item = await gen.wait(None)
+                item = await gen.wait(None, quiet_after=keepalive)
+                if item is QUIET:
+                    yield KEEPALIVE
+                    continue
             except APIError as err:  # the deadline
                 status = err.status
                 await gen.cancel()

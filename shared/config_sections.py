@@ -110,6 +110,12 @@ class GatewayConfig(_Section):
         description="port of the OpenAI-compatible gateway (/v1/..., /health, /metrics)",
         **_PORT,
     )
+    sse_keepalive: float = Field(
+        15.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="seconds a streamed response may stay silent before the gateway sends an SSE comment (': keep-alive'), so proxies and clients with idle timeouts keep the connection while a request queues or waits for a takeover; a stream whose first token has not come by then starts anyway (a later error is then an error event, not an HTTP status); 0 = never",
+    )
 
 
 class VllmConfig(_Section):
