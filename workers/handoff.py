@@ -67,6 +67,10 @@ class Handoff:
         if opts.handoff_slots > 0 and {"prefill", "decode"} <= opts.roles:
             self.ahead = streams.jobs.queues([keys.prefill_stream])
         self.loads_checked_at = 0.0  # LOAD_CHECK_S
+        # The classes with a live decoder when one was last seen: while none is alive (all
+        # restarting), a decode is queued where decoders were, not on the xPU's stream of a
+        # farm that has no xPU decoder (where a decoder's rescue would have to fetch it).
+        self.decoders_seen: set[str] = set()
 
     # ---- a sequence just prefilled ------------------------------------------------------
 
@@ -92,10 +96,13 @@ class Handoff:
         `look_ahead` before this prompt's prefill, or by the claim round, at most a claim
         period ago). The round trip of the loads (queue lengths) is then skipped: it sat
         between a stream's first token and its second. A decoder that just started is seen
-        by the next read."""
+        by the next read. With no live decoder at all, the classes of the last ones seen."""
         classes = decoder_classes(self.farm.workers(max_age=self.opts.claim_s))
         if "decode" in self.opts.roles:
             classes.add(self.opts.device_class)  # before our first heartbeat is read back
+        if classes:
+            self.decoders_seen = classes
+        classes = classes or self.decoders_seen  # none alive: where decoders were last seen
         xpu, cpu = "xpu" in classes, "cpu" in classes
         if not self.dispatcher.settled(xpu, cpu):
             return None

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import fakeredis
 import prometheus_client
-from syshax.broker.dispatcher import CPU, XPU, Dispatcher
+from syshax.broker.dispatcher import CPU, XPU, DeviceLoad, Dispatcher
 from syshax.broker.keys import KEYS
 from syshax.shared.sampling import SamplingParams
 from syshax.workers.farm_view import FarmView
@@ -137,3 +137,22 @@ def test_a_cpu_worker_with_no_xpu_decoder_decides_without_the_loads():
     assert int(handoff.r.get(KEYS.dispatch_count(CPU))) == 1
     job = SimpleNamespace(request_id="r2", params=SamplingParams(max_tokens=32))
     assert handoff.place(job) is False and job.in_process  # it stays in this engine
+
+
+def test_with_every_decoder_restarting_the_job_goes_where_decoders_were_last_seen():
+    """A prefill-only worker in a farm whose decoders are all CPU workers: while every one of
+    them is restarting (none looks alive), the decode job is queued for the CPU class, where
+    the next one to start reads it, not on the stream of an xPU class that has no decoder.
+    A farm that never had a live decoder keeps the dispatcher's answer (the xPU's stream)."""
+    handoff = _handoff(0, 4, {"prefill"}, Dispatcher(), [])
+    live = [CPU_PEER]
+    handoff.farm.workers = lambda force=False, max_age=0.0: live
+    handoff.farm.loads = lambda: {"xpu": DeviceLoad(), "cpu": DeviceLoad()}
+    never = _handoff(0, 4, {"prefill"}, Dispatcher(), [])
+    never.farm.workers = lambda force=False, max_age=0.0: []
+    assert never.without_loads(JOB).device == XPU  # nothing was ever seen decoding
+    assert handoff.without_loads(JOB).device == CPU  # the CPU decoder is alive
+    live.clear()  # ... and now restarting
+    decision = handoff.without_loads(JOB)
+    assert decision is not None and decision.device == CPU, decision
+    assert decision.rule == "no_xpu_decoder", decision
