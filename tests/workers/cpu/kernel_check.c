@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ops.h"
 #include "simd.h"
 #include "sx.h"
 
@@ -92,5 +93,30 @@ int main(void) {
     memcpy(out, x, sizeof(out));
     sx_softmax_inplace(out, COLS - 3);
     dump("softmax", out, COLS - 3);
+    {   /* attention of 1-7 heads of a KV group over a paged fp16 / f32 cache, 41 positions in
+         * blocks of 16 taken out of order (scores 2 keys x up to 4 heads, a key tail) */
+        enum { D = 72, BS = 16, KVH = 2, BLOCKS = 4, CACHED = 41, HMAX = 7 };
+        static const int32_t table[BLOCKS] = {2, 0, 3, 1};
+        const size_t n = (size_t)BLOCKS * KVH * BS * D;
+        float *kf = malloc(n * 4), *vf = malloc(n * 4), q[HMAX * D], kn[D], vn[D];
+        uint16_t *kh = malloc(n * 2), *vh = malloc(n * 2);
+        float scores[HMAX * (CACHED + 1)], att[HMAX * D];
+        for (size_t i = 0; i < n; i++) {
+            kf[i] = rnd(), vf[i] = rnd();
+            kh[i] = sx_f2h(kf[i]), vh[i] = sx_f2h(vf[i]);
+        }
+        for (int i = 0; i < HMAX * D; i++) q[i] = rnd() * 0.25f;
+        for (int i = 0; i < D; i++) kn[i] = rnd(), vn[i] = rnd();
+        for (int f16 = 0; f16 < 2; f16++)
+            for (int heads = 1; heads <= HMAX; heads += 2) {
+                sx_attend_heads_paged(q, heads, f16 ? (void *)kh : (void *)kf, f16 ? (void *)vh : (void *)vf, f16,
+                                      table, BS, (size_t)KVH * BS * D, (size_t)BS * D, CACHED, kn, vn, D, 0.117851f,
+                                      scores, CACHED + 1, att);
+                char tag[32];
+                snprintf(tag, sizeof tag, "attend_f%d_h%d", f16 ? 16 : 32, heads);
+                dump(tag, att, heads * D);
+            }
+        free(kf), free(vf), free(kh), free(vh);
+    }
     return 0;
 }
