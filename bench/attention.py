@@ -14,10 +14,8 @@ cache). Best of `--repeats`.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import math
 import time
-from ctypes import POINTER, c_float, c_int, c_int32, c_size_t, c_void_p
 
 import torch
 from syshax.workers.cpu import lib
@@ -40,13 +38,7 @@ def main() -> None:
     p.add_argument("--variant", choices=("native", "portable"), default="native")
     a = p.parse_args()
 
-    fn = lib.load(a.variant).sx_attend_heads_paged
-    fn.restype = None
-    fn.argtypes = [
-        POINTER(c_float), c_int, c_void_p, c_void_p, c_int, POINTER(c_int32), c_int, c_size_t,
-        c_size_t, c_int, POINTER(c_float), POINTER(c_float), c_int, c_float, POINTER(c_float),
-        c_size_t, POINTER(c_float),
-    ]  # fmt: skip
+    fn = lib.load(a.variant).sx_attend_heads_paged  # raw: no per-call tensor handling
     torch.set_num_threads(1)
     g, h, d, ctx = a.groups, a.heads, a.head_dim, a.context
     blocks = ctx // BS + 2
@@ -60,18 +52,32 @@ def main() -> None:
     q, out = torch.randn(g, h, d), torch.empty(g, h, d)
     kn, vn, scores = torch.randn(d), torch.randn(d), torch.empty(h, ctx + 1)
 
-    def fp(t: torch.Tensor):
-        return ctypes.cast(t.data_ptr(), POINTER(c_float))
-
-    tp = ctypes.cast(table.data_ptr(), POINTER(c_int32))
-    args = [(fp(q[i]), fp(out[i]), i * BS * d) for i in range(g)]
+    args = [(q[i].data_ptr(), out[i].data_ptr(), i * BS * d) for i in range(g)]
     f16, scale = int(dtype == torch.float16), 1 / math.sqrt(d)
+    tp, knp, vnp, sp = table.data_ptr(), kn.data_ptr(), vn.data_ptr(), scores.data_ptr()
 
     def layer(k: torch.Tensor, v: torch.Tensor) -> None:
         kp, vp = k.data_ptr(), v.data_ptr()
         for qp, op, head in args:
-            fn(qp, h, kp, vp, f16, tp, BS, g * BS * d, head, ctx, fp(kn), fp(vn), d, scale,
-               fp(scores), ctx + 1, op)  # fmt: skip
+            fn(
+                qp,
+                h,
+                kp,
+                vp,
+                f16,
+                tp,
+                BS,
+                g * BS * d,
+                head,
+                ctx,
+                knp,
+                vnp,
+                d,
+                scale,
+                sp,
+                ctx + 1,
+                op,
+            )
 
     passes = a.layers if a.resident else 1
     best = math.inf

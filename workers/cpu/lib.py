@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import math
 from ctypes import POINTER, c_char_p, c_float, c_int, c_int32, c_int64, c_void_p
 
 import torch
@@ -133,6 +134,28 @@ _SIGNATURES = {
     "sx_prof_tsc": (ctypes.c_uint64, []),
     "sx_rmsnorm": (None, [c_void_p, c_void_p, c_int, c_float, c_void_p]),
     "sx_softmax_inplace": (None, [c_void_p, c_int]),
+    "sx_attend_heads_paged": (
+        None,
+        [
+            c_void_p,
+            c_int,
+            c_void_p,
+            c_void_p,
+            c_int,
+            c_void_p,
+            c_int,
+            ctypes.c_size_t,
+            ctypes.c_size_t,
+            c_int,
+            c_void_p,
+            c_void_p,
+            c_int,
+            c_float,
+            c_void_p,
+            ctypes.c_size_t,
+            c_void_p,
+        ],
+    ),  # fmt: skip
 }
 
 
@@ -152,6 +175,31 @@ def ptr(t: torch.Tensor | None) -> int | None:
     if not t.is_contiguous() or t.device.type != "cpu":
         raise ValueError("native kernels need contiguous CPU tensors")
     return t.data_ptr()
+
+
+def attend_heads(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    table: torch.Tensor,
+    group: int,
+    cached: int,
+    k_new: torch.Tensor,
+    v_new: torch.Tensor,
+    scores: torch.Tensor,
+    out: torch.Tensor,
+    variant: str = "native",
+) -> None:
+    """The fused step's attention (sx_attend_heads_paged) on tensors: query heads q [heads, d]
+    of KV head `group` over `cached` positions of a paged cache [blocks, kv_heads, block_size,
+    d] (float16 or float32) with block table `table` (int32), then the new key and value (d
+    floats each); scores: float32 scratch [heads, >= cached + 1]; out: float32 [heads, d]."""
+    _, kv_heads, bs, d = k_cache.shape
+    load(variant).sx_attend_heads_paged(
+        ptr(q), q.shape[0], ptr(k_cache), ptr(v_cache), int(k_cache.dtype == torch.float16),
+        ptr(table), bs, kv_heads * bs * d, group * bs * d, cached, ptr(k_new), ptr(v_new), d,
+        1.0 / math.sqrt(d), ptr(scores), scores.shape[1], ptr(out),
+    )  # fmt: skip
 
 
 def type_name(qtype: int) -> str:

@@ -6,30 +6,13 @@ result is attention: softmax(q K^T / sqrt(d)) V over the cached positions plus t
 
 from __future__ import annotations
 
-import ctypes
 import math
-from ctypes import POINTER, c_float, c_int, c_int32, c_size_t, c_void_p
 
 import pytest
 import torch
 from syshax.workers.cpu import lib
 
 BS = 16  # positions per KV block
-
-
-def _kernel(variant: str):
-    fn = lib.load(variant).sx_attend_heads_paged
-    fn.restype = None
-    fn.argtypes = [
-        POINTER(c_float), c_int, c_void_p, c_void_p, c_int, POINTER(c_int32), c_int, c_size_t,
-        c_size_t, c_int, POINTER(c_float), POINTER(c_float), c_int, c_float, POINTER(c_float),
-        c_size_t, POINTER(c_float),
-    ]  # fmt: skip
-    return fn
-
-
-def _fp(t: torch.Tensor):
-    return ctypes.cast(t.data_ptr(), POINTER(c_float))
 
 
 class _Case:
@@ -56,11 +39,9 @@ class _Case:
         q = self.q[heads.start : heads.stop].contiguous()
         scores = torch.zeros(n, self.cached + 1)
         out = torch.full((n, self.d), float("nan"))  # the kernel must write every element
-        _kernel(variant)(
-            _fp(q), n, self.k.data_ptr(), self.v.data_ptr(), int(self.f16),
-            ctypes.cast(self.table.data_ptr(), POINTER(c_int32)), BS, self.kv_heads * BS * self.d,
-            self.group * BS * self.d, self.cached, _fp(self.k_new), _fp(self.v_new), self.d,
-            1.0 / math.sqrt(self.d), _fp(scores), self.cached + 1, _fp(out),
+        lib.attend_heads(
+            q, self.k, self.v, self.table, self.group, self.cached, self.k_new, self.v_new,
+            scores, out, variant,
         )  # fmt: skip
         return out
 
