@@ -346,11 +346,11 @@ static void values_group(const float *p, size_t stride, int heads, const void *v
 /* Attention of the heads of one KV group over a paged cache: positions [t0, t0 + bs) of the
  * sequence live in block table[t0 / bs]. The heads of a group read the same keys and values, so
  * up to four heads are scored and accumulated per load of a key or value (converted from fp16
- * once for all of them, not once per head): 1.36x faster at context 2000 and 1.6x with the
- * cache in L3 (1B shape, one thread, Zen 4; bench in docs/cpu-kernels.md). Per head the
- * operations and their order are those of one head alone (8-lane multiply-adds per key and
- * attn_dot's reduction; values accumulated in position order), so the numbers do not depend
- * on how heads are grouped. The blocks are scattered (the hardware prefetcher cannot follow a
+ * once for all of them, not once per head): 1.36x faster at context 2000 and 1.8x with the
+ * cache in L2/L3 (1B shape, one thread, Zen 4; bench/attention.py, docs/benchmarks.md). Per
+ * head the operations and their order are those of one head alone (8-lane multiply-adds per
+ * key and attn_dot's reduction; values accumulated in position order), so the numbers do not
+ * depend on how heads are grouped. The blocks are scattered (the hardware prefetcher cannot follow a
  * block table), and the weights' stream has pushed them out of cache since the last step, so
  * keys are prefetched two blocks ahead of the scores (into L1) and each block's values while its
  * keys are scored (into L2). Measured on the 1B shape, Zen 4, alternating within one process:
