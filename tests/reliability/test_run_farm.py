@@ -180,6 +180,40 @@ def test_bounds_are_refused_with_a_400_naming_the_field(farm):
     assert err["param"] == "stop" and "at most 16" in err["message"], err
 
 
+def _batch_story(farm: RunFarm, bid: str, status: dict | None) -> str:
+    """For a failure message: the batch's counts, each job's rq status, where it sits (queue,
+    rq's intermediate list, registries) and its last error, and the end of the farm's log (a
+    failure seen once in CI, 2026-12-07: one of six jobs stayed "queued" for 240 s)."""
+    from rq import Queue
+    from rq.job import Job
+    from syshax.batch.jobs import SERIALIZER
+    from syshax.broker import batch_records
+    from syshax.broker.keys import KEYS
+
+    lines = [f"status: {status}"]
+    try:
+        r = farm.redis()
+        queue = Queue(KEYS.batch_queue, connection=r, serializer=SERIALIZER)
+        places = {
+            "queue": set(queue.get_job_ids()),
+            "intermediate": {i.decode() for i in r.lrange(queue.key + ":intermediate", 0, -1)},
+            "started": set(queue.started_job_registry.get_job_ids()),
+            "scheduled": set(queue.scheduled_job_registry.get_job_ids()),
+            "failed": set(queue.failed_job_registry.get_job_ids()),
+        }
+        for jid in batch_records.job_ids(r, KEYS, bid) or []:
+            job = Job.fetch(jid, connection=r, serializer=SERIALIZER)
+            where = [name for name, ids in places.items() if jid in ids]
+            err = (job.exc_info or "").strip().splitlines()[-1:] if job.exc_info else []
+            lines.append(
+                f"{jid}: {job.get_status()} in {where or 'nothing'} retries_left={job.retries_left} {err}"
+            )
+    except Exception as exc:  # the message must not fail
+        lines.append(f"(could not read the jobs: {exc!r})")
+    lines.append("farm log (end):\n" + farm.log()[-4000:])
+    return "\n".join(lines)
+
+
 def test_a_killed_redis_comes_back_and_the_queued_batch_completes(farm):
     r = farm.redis()
     lines = [json.dumps({"custom_id": f"r{i}", **chat(48)}) for i in range(6)]
@@ -198,7 +232,8 @@ def test_a_killed_redis_comes_back_and_the_queued_batch_completes(farm):
         except redis.RedisError:
             pass  # restarting
         time.sleep(1)
-    assert status is not None and status["complete"] and status["finished"] == 6, status
+    done = status is not None and status["complete"] and status["finished"] == 6
+    assert done, _batch_story(farm, bid, status)
     assert "redis exited" in farm.log()  # the supervisor saw it die and restarted it
     assert httpx.get(farm.url + "/health", timeout=5).status_code == 200
 
