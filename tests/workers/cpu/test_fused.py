@@ -132,6 +132,29 @@ def test_fused_refuses_what_it_cannot_run(tiny_models):
     assert torch.isfinite(step([1], [0], [0], [[0]], [0])).all()
 
 
+@pytest.mark.parametrize("quant", ["q4_0", "q8_0", None])
+def test_fused_logits_do_not_depend_on_the_thread_count(tiny_models, quant):
+    """A prompt chunk and a decode row in one step give the same logits, bit for bit, on 1, 2
+    and 3 threads: the threads split the rows of every matrix differently (the gate/up phase
+    on 32-feature blocks, whose down_proj activations each thread quantizes for the rows it
+    computed; the others on 8-row tiles), and no row's numbers may depend on the split."""
+    from syshax.workers.cpu.fused import FusedDecoder
+
+    folder, _ = tiny_models["llama"]
+    engine = _engine(folder, quantize=quant, op_mode="fused")
+    assert engine.model.config.intermediate_size % 96 != 0  # 3 threads: shares unlike 8-row ones
+    rows = list(range(12)) + [0]
+    args = (PROMPT + [1, 2, 3, 4], rows[:12] + [0], [0] * 12 + [1], [[0], [1]], [11, 12])
+    logits = []
+    for threads in (1, 2, 3):
+        fused = FusedDecoder(engine.model, engine.cache, threads=threads, max_tokens=16)
+        logits.append(fused.step(*args))
+        fused.close()
+    assert torch.isfinite(logits[0]).all()
+    assert torch.equal(logits[1], logits[0])
+    assert torch.equal(logits[2], logits[0])
+
+
 def _rss_bytes() -> int:
     with open("/proc/self/statm") as fh:
         return int(fh.read().split()[1]) * 4096

@@ -24,6 +24,9 @@
 #include "prof.h"
 #include "simd.h"
 
+/* Rows per claimed chunk of a phase (work stealing, claim_next). */
+#define STEAL_ROWS 64
+
 typedef struct {
     float *xn;              /* [B, kmax] normalised activations */
     sx_act_block *blocks;   /* [B, kmax / 32] */
@@ -33,6 +36,7 @@ typedef struct {
     int32_t *hsum;          /* [B, kmax / 32, 2] */
     float *scores;          /* [2 head_dim + group * max_len]: the new key and value, then one row
                              * of attention scores per query head of a KV group */
+    float *gu;              /* [2, B, STEAL_ROWS]: a gate/up chunk's gate, then up, outputs */
 } sx_scratch;
 
 /* Work-sharing phases of a step (each with its own claim counters): per layer qkv, store_kv,
@@ -47,6 +51,7 @@ struct sx_ctx {
     int *claims;               /* [phases, nt]: chunks claimed in each thread's share, per step */
     int32_t *ident;            /* [n_slots]: ident[s] = s, the tables of an unpaged cache */
     float *x, *qkv, *attn, *proj, *gu, *h;
+    sx_act down_act; /* [B, inter / 32] blocks: h quantized for down_proj, shared by the threads */
     sx_scratch *ws;
     uint64_t *prof; /* [nt, n_layers + 1, SX_PROF_STRIDE] op clocks (prof.h); NULL unless SX_PROFILE */
 };
@@ -120,6 +125,7 @@ void sx_ctx_free(sx_ctx *c) {
             zfree(c->ws[t].xsum);
             zfree(c->ws[t].hsum);
             zfree(c->ws[t].scores);
+            zfree(c->ws[t].gu);
         }
     free(c->ws);
     free(c->row_table);
@@ -132,6 +138,11 @@ void sx_ctx_free(sx_ctx *c) {
     zfree(c->proj);
     zfree(c->gu);
     zfree(c->h);
+    zfree(c->down_act.blocks);
+    zfree(c->down_act.scales);
+    zfree(c->down_act.zq);
+    zfree(c->down_act.xsum);
+    zfree(c->down_act.hsum);
     free(c);
 }
 
@@ -156,11 +167,19 @@ sx_ctx *sx_ctx_new(const sx_model *m, int max_batch, int n_threads, int nrc) {
     c->proj = zalloc(B * m->hidden * 4);
     c->gu = zalloc(B * 2 * m->inter * 4);
     c->h = zalloc(B * m->inter * 4);
+    const size_t hb = B * (m->inter / SX_QK);
+    c->down_act.blocks = zalloc(hb * sizeof(sx_act_block));
+    c->down_act.scales = zalloc(hb * 4);
+    c->down_act.zq = zalloc(hb * 4);
+    c->down_act.xsum = zalloc(hb * 4);
+    c->down_act.hsum = zalloc(hb * 8);
+    c->down_act.x = c->h;
     c->ws = (sx_scratch *)calloc(c->nt, sizeof(sx_scratch));
     c->row_table = (const int32_t **)calloc(B, sizeof(int32_t *));
     c->claims = (int *)calloc((size_t)PHASES(m) * c->nt, sizeof(int));
     c->ident = (int32_t *)calloc(m->n_slots > 0 ? m->n_slots : 1, sizeof(int32_t));
-    int ok = c->x && c->qkv && c->attn && c->proj && c->gu && c->h && c->ws && c->row_table && c->ident && c->claims &&
+    int ok = c->x && c->qkv && c->attn && c->proj && c->gu && c->h && c->down_act.blocks && c->down_act.scales &&
+             c->down_act.zq && c->down_act.xsum && c->down_act.hsum && c->ws && c->row_table && c->ident && c->claims &&
              c->bs > 0 && (m->block_size == 0 || m->block_size % 8 == 0);
 #ifdef SX_PROFILE
     c->prof = (uint64_t *)calloc((size_t)c->nt * (m->n_layers + 1) * SX_PROF_STRIDE, sizeof(uint64_t));
@@ -175,8 +194,9 @@ sx_ctx *sx_ctx_new(const sx_model *m, int max_batch, int n_threads, int nrc) {
         c->ws[t].xsum = zalloc(B * (c->kmax / SX_QK) * 4);
         c->ws[t].hsum = zalloc(B * (c->kmax / SX_QK) * 8);
         c->ws[t].scores = zalloc(((size_t)(m->n_heads / m->n_kv_heads) * m->max_len + 2 * m->head_dim) * 4);
+        c->ws[t].gu = zalloc(2 * B * STEAL_ROWS * 4);
         ok = c->ws[t].xn && c->ws[t].blocks && c->ws[t].scales && c->ws[t].zq && c->ws[t].xsum && c->ws[t].hsum &&
-             c->ws[t].scores;
+             c->ws[t].scores && c->ws[t].gu;
     }
     if (!ok) {
         sx_ctx_free(c);
@@ -192,23 +212,38 @@ sx_ctx *sx_ctx_new(const sx_model *m, int max_batch, int n_threads, int nrc) {
  * cores), the others finish its work instead of waiting for it at the next barrier. Which
  * thread computes a row never changes the row's numbers. Each phase of a step has its own
  * claim counters, zeroed before the step. */
-#define STEAL_ROWS 64
-
 typedef struct {
     int *claims; /* this phase's counters, one per share */
     int rows, t, nt, k;
+    int unit; /* share boundaries are multiples of this (SX_PART, or a quant block: QUANT_UNIT) */
 } sx_claim;
 
 static sx_claim claim_start(sx_ctx *c, int phase, int rows, int t, int nt) {
-    sx_claim q = {c->claims + (size_t)phase * c->nt, rows, t, nt, 0};
+    sx_claim q = {c->claims + (size_t)phase * c->nt, rows, t, nt, 0, SX_PART};
     return q;
+}
+
+/* The gate/up phase's shares end on 32-feature blocks, so that each chunk's silu(gate) * up
+ * is quantized for down_proj by the thread that computed it (whole blocks; STEAL_ROWS is a
+ * multiple). Those shares differ from sx_pack's first-touch partition by under 32 rows. */
+#define QUANT_UNIT SX_QK
+
+static void share_rows(const sx_claim *q, int share, int *r0, int *r1) {
+    if (q->unit == SX_PART) {
+        sx_partition(q->rows, share, q->nt, r0, r1);
+        return;
+    }
+    const int groups = (q->rows + q->unit - 1) / q->unit;
+    const int a = (int)((int64_t)groups * share / q->nt) * q->unit, b = (int)((int64_t)groups * (share + 1) / q->nt) * q->unit;
+    *r0 = a < q->rows ? a : q->rows;
+    *r1 = b < q->rows ? b : q->rows;
 }
 
 static int claim_next(sx_claim *q, int *r0, int *r1) {
     for (; q->k < q->nt; q->k++) {
         const int share = (q->t + q->k) % q->nt;
         int a, b;
-        sx_partition(q->rows, share, q->nt, &a, &b);
+        share_rows(q, share, &a, &b);
         const int lo = a + __atomic_fetch_add(&q->claims[share], 1, __ATOMIC_RELAXED) * STEAL_ROWS;
         if (lo < b) {
             *r0 = lo;
@@ -433,8 +468,22 @@ int sx_step(sx_ctx *c, int n, const int64_t *tokens, const int64_t *positions, c
             norm_rows(c->x, L->ffn_norm, n, m->hidden, m->eps, ws->xn);
             sx_act_prepare(&L->gate_up, ws->xn, n, &act);
             SX_PROF(c, t, l, SX_P_FFN_PREP);
+            /* A quantized down_proj's activations are prepared here, chunk by chunk, each block
+             * once (not by every thread after the barrier), from the chunk's gate and up rows
+             * in a small per-thread buffer: at prefill the full [n, 2 inter] and [n, inter]
+             * arrays are megabytes per layer, written and read back through DRAM. */
+            const int down_q = sx_act_quantized(&L->down) && m->inter % QUANT_UNIT == 0;
             q = claim_start(c, ph + 4, m->inter, t, nt);
-            while (claim_next(&q, &r0, &r1)) {
+            if (down_q) q.unit = QUANT_UNIT;
+            float *g = ws->gu, *u = ws->gu + (size_t)n * STEAL_ROWS;
+            while (down_q && claim_next(&q, &r0, &r1)) {
+                sx_gemm_rows_at(&L->gate_up, r0, r1, n, &act, g, STEAL_ROWS, r0, c->nrc);
+                sx_gemm_rows_at(&L->gate_up, m->inter + r0, m->inter + r1, n, &act, u, STEAL_ROWS, m->inter + r0, c->nrc);
+                for (int i = 0; i < n; i++) /* in place: h = silu(gate) * up */
+                    sx_silu_mul(g + (size_t)i * STEAL_ROWS, u + (size_t)i * STEAL_ROWS, g + (size_t)i * STEAL_ROWS, r1 - r0);
+                sx_act_prepare_cols(&L->down, g, STEAL_ROWS, 0, n, r0 / SX_QK, r1 / SX_QK, &c->down_act);
+            }
+            while (!down_q && claim_next(&q, &r0, &r1)) { /* F32/F16 down_proj reads h itself */
                 sx_gemm_rows(&L->gate_up, r0, r1, n, &act, c->gu, 2 * m->inter, c->nrc);
                 sx_gemm_rows(&L->gate_up, m->inter + r0, m->inter + r1, n, &act, c->gu, 2 * m->inter, c->nrc);
                 for (int i = 0; i < n; i++) {
@@ -445,9 +494,13 @@ int sx_step(sx_ctx *c, int n, const int64_t *tokens, const int64_t *positions, c
             SX_PROF(c, t, l, SX_P_GATE_UP);
 #pragma omp barrier
             SX_PROF(c, t, l, SX_P_GU_WAIT);
-            sx_act_prepare(&L->down, c->h, n, &act);
+            const sx_act *down_act = &c->down_act;
+            if (!down_q) {
+                sx_act_prepare(&L->down, c->h, n, &act);
+                down_act = &act;
+            }
             SX_PROF(c, t, l, SX_P_DOWN_PREP);
-            project_add(c, &L->down, n, &act, ph + 5, t, nt);
+            project_add(c, &L->down, n, down_act, ph + 5, t, nt);
             SX_PROF(c, t, l, SX_P_DOWN);
 #pragma omp barrier
             SX_PROF(c, t, l, SX_P_DOWN_WAIT);

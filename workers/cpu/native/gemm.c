@@ -180,7 +180,7 @@ static const sx_qtile_fn *qtiles(int type) {
     }
 }
 
-static void gemm_rows_q(const sx_mat *w, int r0, int r1, int n, const sx_act *act, float *y, int ys, int nrc) {
+static void gemm_rows_q(const sx_mat *w, int r0, int r1, int n, const sx_act *act, float *y, int ys, int y0, int nrc) {
     const int nb = w->cols / SX_QK;
     const size_t tile = sx_packed_bytes(w->type, SX_TILE, w->cols); /* bytes per tile of 8 rows */
     const sx_qtile_fn *tiles = qtiles(w->type);
@@ -200,7 +200,7 @@ static void gemm_rows_q(const sx_mat *w, int r0, int r1, int n, const sx_act *ac
     for (int r = r0; r < r1;) {
 #ifdef SX_TILE16
         if (x2 && (passes > 1 || one_x2) && r + 2 * SX_TILE <= r1) {
-            sx_x2_rows(w, r, n, cmax, passes, act, y, ys);
+            sx_x2_rows(w, r, n, cmax, passes, act, y, ys, y0);
             r += 2 * SX_TILE;
             continue;
         }
@@ -210,7 +210,7 @@ static void gemm_rows_q(const sx_mat *w, int r0, int r1, int n, const sx_act *ac
         for (int c = 0; c < n;) {
             const int C = sx_group_rows(cmax, n - c);
             tiles[C - 1](wt, nb, act, (size_t)c * nb, out);
-            sx_store_rows(w, out, SX_TILE, r, live, c, C, y, ys);
+            sx_store_rows(w, out, SX_TILE, r, live, c, C, y, ys, y0);
             c += C;
         }
         r += SX_TILE;
@@ -278,7 +278,7 @@ static int f32_shape(int R, int C) {
     return 0;
 }
 
-static void gemm_rows_f32(const sx_mat *w, int r0, int r1, int n, const float *x, float *y, int ys, int nrc) {
+static void gemm_rows_f32(const sx_mat *w, int r0, int r1, int n, const float *x, float *y, int ys, int y0, int nrc) {
     const int k = w->cols, f16 = w->type == SX_F16;
     const ftile_fn *tiles = f16 ? F16_TILES : F32_TILES;
     const int R0 = (nrc == 1 || nrc == 2 || nrc == 4 || nrc == 8) ? nrc : (n >= 4 ? 2 : 4);
@@ -290,12 +290,12 @@ static void gemm_rows_f32(const sx_mat *w, int r0, int r1, int n, const float *x
             int C = 1;
             while (C * 2 <= cmax && C * 2 <= n - c) C *= 2;
             tiles[f32_shape(R, C)]((const char *)w->data + (size_t)r * k * (f16 ? 2 : 4), k, x + (size_t)c * k,
-                                   y + (size_t)c * ys + r, ys);
+                                   y + (size_t)c * ys + r - y0, ys);
             c += C;
         }
         if (w->bias)
             for (int c = 0; c < n; c++)
-                for (int i = r; i < r + R; i++) y[(size_t)c * ys + i] += w->bias[i];
+                for (int i = r; i < r + R; i++) y[(size_t)c * ys + i - y0] += w->bias[i];
         r += R;
     }
 }
@@ -303,18 +303,22 @@ static void gemm_rows_f32(const sx_mat *w, int r0, int r1, int n, const float *x
 /* ---- drivers --------------------------------------------------------------------------- */
 
 void sx_gemm_rows(const sx_mat *w, int r0, int r1, int n, const sx_act *act, float *y, int ys, int nrc) {
+    sx_gemm_rows_at(w, r0, r1, n, act, y, ys, 0, nrc);
+}
+
+void sx_gemm_rows_at(const sx_mat *w, int r0, int r1, int n, const sx_act *act, float *y, int ys, int y0, int nrc) {
     if (w->n_parts > 0) { /* a stack: each part computes its share of [r0, r1) */
         int off = 0;
         for (int p = 0; p < w->n_parts; p++) {
             const sx_mat *part = &w->parts[p];
             const int a = r0 > off ? r0 : off, b = r1 < off + part->rows ? r1 : off + part->rows;
-            if (a < b) sx_gemm_rows(part, a - off, b - off, n, act, y + off, ys, nrc);
+            if (a < b) sx_gemm_rows_at(part, a - off, b - off, n, act, y, ys, y0 - off, nrc);
             off += part->rows;
         }
     } else if (w->type == SX_F32 || w->type == SX_F16) {
-        gemm_rows_f32(w, r0, r1, n, act->x, y, ys, nrc);
+        gemm_rows_f32(w, r0, r1, n, act->x, y, ys, y0, nrc);
     } else {
-        gemm_rows_q(w, r0, r1, n, act, y, ys, nrc);
+        gemm_rows_q(w, r0, r1, n, act, y, ys, y0, nrc);
     }
 }
 
@@ -348,15 +352,34 @@ static unsigned type_mask(const sx_mat *w) { /* bit t: a part of type t */
     return m;
 }
 
-void sx_act_prepare(const sx_mat *w, const float *x, int n, sx_act *act) {
-    act->x = x;
-    const unsigned m = type_mask(w), count = (unsigned)n * (w->cols / SX_QK);
-    if (!(m & ~((1u << SX_F32) | (1u << SX_F16)))) return;
-    sx_quantize_act(x, n, w->cols, act->blocks, act->scales, act->zq);
+/* What every activation block needs for the part types in `m`: the int8 quants and scale, the
+ * sum (Q4_1/Q4_K/Q5_K: times the scale), Q6_K's half sums, Q4_0's zero term; n rows of `cols`
+ * columns, their blocks at act's arrays' start. */
+static void prepare_blocks(unsigned m, const float *x, int n, int cols, const sx_act *act) {
+    const unsigned count = (unsigned)n * (cols / SX_QK);
+    sx_quantize_act(x, n, cols, act->blocks, act->scales, act->zq);
     if (m & ((1u << SX_Q4_1) | (1u << SX_Q4_K) | (1u << SX_Q5_K)))
         for (unsigned i = 0; i < count; i++) act->xsum[i] = act->scales[i] * (float)act->zq[i];
-    sx_kquant_act(m, (int)count, act);
+    sx_kquant_act(m, (int)count, (sx_act *)act);
     if (m & (1u << SX_Q4_0)) q4_zero_terms(act->blocks, (int)count, act->zq);
+}
+
+int sx_act_quantized(const sx_mat *w) { return (type_mask(w) & ~((1u << SX_F32) | (1u << SX_F16))) != 0; }
+
+void sx_act_prepare(const sx_mat *w, const float *x, int n, sx_act *act) {
+    act->x = x;
+    if (sx_act_quantized(w)) prepare_blocks(type_mask(w), x, n, w->cols, act);
+}
+
+void sx_act_prepare_cols(const sx_mat *w, const float *x, int ldx, int r0, int n, int b0, int b1, sx_act *act) {
+    if (!sx_act_quantized(w) || b1 <= b0) return;
+    const unsigned m = type_mask(w);
+    const int nb = w->cols / SX_QK;
+    for (int r = 0; r < n; r++) { /* row r0 + r's blocks [b0, b1) are one run of the arrays */
+        const size_t o = (size_t)(r0 + r) * nb + b0;
+        const sx_act view = {NULL, act->blocks + o, act->scales + o, act->zq + o, act->xsum + o, act->hsum + 2 * o};
+        prepare_blocks(m, x + (size_t)r * ldx, 1, (b1 - b0) * SX_QK, &view);
+    }
 }
 
 void sx_gemm(const sx_mat *w, int n, const float *x, float *y, int n_threads, int nrc) {

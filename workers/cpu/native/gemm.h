@@ -45,8 +45,17 @@ void sx_pack_tiles(int type, const void *rowmajor, int rows, int cols, void *pac
 void sx_partition(int rows, int t, int nt, int *r0, int *r1);
 /* Quantize x for every part type of w; act's arrays hold n * cols / 32 entries. */
 void sx_act_prepare(const sx_mat *w, const float *x, int n, sx_act *act);
+/* sx_act_prepare for the 32-column blocks [b0, b1) of activation rows [r0, r0 + n) only, the
+ * rest of act left as it was (act->x too): x holds row r0's columns from 32 b0 on, each next
+ * row ldx floats further. The same per-block work, so a matrix's activations can be prepared
+ * in column ranges by the threads that computed them. */
+void sx_act_prepare_cols(const sx_mat *w, const float *x, int ldx, int r0, int n, int b0, int b1, sx_act *act);
+/* Whether w has a quantized part (its activations are quantized; F32/F16 read act->x). */
+int sx_act_quantized(const sx_mat *w);
 /* Rows [r0, r1) of y (row stride ys) for all n activation rows. */
 void sx_gemm_rows(const sx_mat *w, int r0, int r1, int n, const sx_act *act, float *y, int ys, int nrc);
+/* The same, output row r (of w) at y[c ys + r - y0]: a window of the rows into a small buffer. */
+void sx_gemm_rows_at(const sx_mat *w, int r0, int r1, int n, const sx_act *act, float *y, int ys, int y0, int nrc);
 /* ---- shared by the tile code of gemm.c and kquant.c ------------------------------------- */
 
 #define SX_MAXC 4 /* activation rows per tile call at most */
@@ -68,19 +77,20 @@ SX_AI int sx_group_rows(int cmax, int left) {
     return C;
 }
 
-/* A tile call's out[width k + i] (activation row c + k, weight row r + i < r + live) -> y,
- * plus the bias. */
-SX_AI void sx_store_rows(const sx_mat *w, const float *out, int width, int r, int live, int c, int C, float *y, int ys) {
+/* A tile call's out[width k + i] (activation row c + k, weight row r + i < r + live) -> y at
+ * column r + i - y0, plus the bias. */
+SX_AI void sx_store_rows(const sx_mat *w, const float *out, int width, int r, int live, int c, int C, float *y, int ys,
+                         int y0) {
     for (int k = 0; k < C; k++)
         for (int i = 0; i < live; i++)
-            y[(size_t)(c + k) * ys + r + i] = out[width * k + i] + (w->bias ? w->bias[r + i] : 0.0f);
+            y[(size_t)(c + k) * ys + r - y0 + i] = out[width * k + i] + (w->bias ? w->bias[r + i] : 0.0f);
 }
 
 #if defined(SX_AVX2) && defined(SX_VNNI) && defined(__AVX512BW__)
 #define SX_TILE16 1
 /* tile16.c: Q4_0, Q4_K or Q6_K weight rows [r, r + 16) (two whole tiles) for all n activation
  * rows, in `passes` calls of up to cmax rows each. */
-void sx_x2_rows(const sx_mat *w, int r, int n, int cmax, int passes, const sx_act *act, float *y, int ys);
+void sx_x2_rows(const sx_mat *w, int r, int n, int cmax, int passes, const sx_act *act, float *y, int ys, int y0);
 /* How far ahead the calls prefetch, at least: the 16 rows SX_X2_PF bytes on. Rows of a wide
  * matrix are that far apart anyway (a Q4_0 row of 2048 columns: 16 rows are 18 KiB), but a
  * narrow one's next 16 rows are too close to arrive in time: a 576-column Q4_0 matrix (SmolLM2's

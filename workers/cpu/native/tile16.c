@@ -203,7 +203,7 @@ SX_AI void tile_q6k_x2(int C, const uint8_t *w, size_t tile, int nb, const sx_ac
  * `passes` calls, each prefetching its share of 16 later rows' tiles, the first such at least
  * SX_X2_PF bytes on (they may lie past this thread's chunk: it claims the next chunk next;
  * never past the matrix). */
-void sx_x2_rows(const sx_mat *w, int r, int n, int cmax, int passes, const sx_act *act, float *y, int ys) {
+void sx_x2_rows(const sx_mat *w, int r, int n, int cmax, int passes, const sx_act *act, float *y, int ys, int y0) {
     const int nb = w->cols / SX_QK, units = w->type == SX_Q4_0 ? nb : nb / 8;
     const int n_tiles = (w->rows + SX_TILE - 1) / SX_TILE, t = r / SX_TILE;
     const size_t tile = sx_packed_bytes(w->type, SX_TILE, w->cols);
@@ -234,7 +234,7 @@ void sx_x2_rows(const sx_mat *w, int r, int n, int cmax, int passes, const sx_ac
             else if (C == 2) tile_q4_x2(2, wt, tile, nb, act, o, out, &pf);
             else tile_q4_x2(1, wt, tile, nb, act, o, out, &pf);
         }
-        sx_store_rows(w, out, 2 * SX_TILE, r, 2 * SX_TILE, c, C, y, ys);
+        sx_store_rows(w, out, 2 * SX_TILE, r, 2 * SX_TILE, c, C, y, ys, y0);
         c += C;
     }
 }
