@@ -95,6 +95,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="seconds between abandoned-job sweeps (default: %(default)s)",
     )
     w.add_argument(
+        "--stranded-grace",
+        type=float,
+        default=20.0,
+        help="seconds a job may sit dequeued but not started (its worker or Redis died between "
+        "rq's two writes) before it is put back at the front of the queue (default: %(default)s)",
+    )
+    w.add_argument(
         "--drain-timeout",
         type=float,
         default=20.0,
@@ -285,6 +292,7 @@ def _worker(args, cfg, url: str, rq_url: str, keys) -> int:
 
     from syshax.batch import batches, jobs
     from syshax.batch.farm_client import FarmClient, settings_from_config
+    from syshax.batch.stranded import StrandedJobs
     from syshax.commands.supervisor import Child, Supervisor
 
     if args.concurrency < 1:
@@ -314,6 +322,7 @@ def _worker(args, cfg, url: str, rq_url: str, keys) -> int:
     ]
     supervisor = Supervisor(workers, logger=log, context="fork")  # the workers inherit the client
     next_clean = 0.0
+    stranded = StrandedJobs(args.stranded_grace)
 
     def maintain() -> None:
         nonlocal next_clean
@@ -326,6 +335,8 @@ def _worker(args, cfg, url: str, rq_url: str, keys) -> int:
                 if queue.acquire_maintenance_lock():
                     try:
                         clean_registries(queue)
+                        for job_id in stranded.sweep(queue):  # taken, never started: Redis died
+                            log.warning("batch job %s was left dequeued but not started; requeued", job_id)  # fmt: skip
                     finally:
                         queue.release_maintenance_lock()
         except redis.RedisError as exc:  # Redis restarting: the rq workers wait too

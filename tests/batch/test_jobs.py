@@ -43,24 +43,13 @@ def echo_farm(thread_farm, slots: int = 8, step_delay: float = 0.002):
     )
 
 
-@pytest.fixture
-def config(tmp_path: Path, redis_url: str) -> Path:
-    cfg = Config()
-    cfg.redis.url = redis_url
-    cfg.max_model_len = 512
-    cfg.request_timeout = 60
-    path = tmp_path / "config.yaml"
-    save_config(cfg, path)
-    return path
-
-
 class BatchWorkers:
     """`syshax batch worker` (a supervisor forking rq workers) as a subprocess."""
 
-    def __init__(self, config: Path, concurrency: int = 2):
+    def __init__(self, config: Path, concurrency: int = 2, extra: tuple[str, ...] = ()):
         argv = CLI + ["batch", "worker", "--config", str(config)]
         argv += ["--concurrency", str(concurrency), "--heartbeat", "1", "--abandon-after", "2"]
-        argv += ["--maintenance-interval", "1", "--drain-timeout", "5"]
+        argv += ["--maintenance-interval", "1", "--drain-timeout", "5", *extra]
         self.proc = subprocess.Popen(argv, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
     def __enter__(self) -> BatchWorkers:
