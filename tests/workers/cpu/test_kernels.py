@@ -128,7 +128,7 @@ def test_results_do_not_depend_on_batch_tile_or_threads(qtype):
 
 
 @pytest.mark.parametrize("cols", [512, 2048])  # narrow: 4 rows in one call (gemm.h SX_X2_PF)
-@pytest.mark.parametrize("n", [3, 4, 5, 8, 16])
+@pytest.mark.parametrize("n", [3, 4, 5, 8, 12, 16, 27])  # 8 and more: calls of 8, 4, 2, 1
 def test_q4_0_rows_equal_alone_and_in_a_batch_at_every_tile_width(n, cols):
     """Batches over 2 run Q4_0 on 16-row tiles where the build has AVX-512 VNNI (tile16.c,
     with its prefetch of later tiles), batch 1 on 8-row tiles: a row's bits are the same

@@ -192,6 +192,9 @@ static void gemm_rows_q(const sx_mat *w, int r0, int r1, int n, const sx_act *ac
      * two tiles are one stream there: SX_X2_PF); 2 rows are bandwidth-bound either way */
     const int one_x2 = w->type == SX_Q4_0 && nrc == 0 && n == 4 && 2 * tile < SX_X2_PF;
     if (w->type == SX_Q4_0 && nrc == 0 && n > 2 && n <= 4 && !one_x2) cmax = 2;
+    /* 8 rows and more: calls of 8 on the 16-row Q4_0 tile (one unpack of the weights feeds 64
+     * VPDPBUSDs, not 32) */
+    if (w->type == SX_Q4_0 && nrc == 0 && n >= 8) cmax = SX_X2_MAXC;
 #endif
     int passes = 0; /* tile calls per tile */
     for (int c = 0; c < n; c += sx_group_rows(cmax, n - c)) passes++;
@@ -199,7 +202,7 @@ static void gemm_rows_q(const sx_mat *w, int r0, int r1, int n, const sx_act *ac
     if (!tiles) return;
     for (int r = r0; r < r1;) {
 #ifdef SX_TILE16
-        if (x2 && (passes > 1 || one_x2) && r + 2 * SX_TILE <= r1) {
+        if (x2 && (passes > 1 || one_x2 || cmax > MAXC) && r + 2 * SX_TILE <= r1) {
             sx_x2_rows(w, r, n, cmax, passes, act, y, ys, y0);
             r += 2 * SX_TILE;
             continue;
@@ -208,7 +211,7 @@ static void gemm_rows_q(const sx_mat *w, int r0, int r1, int n, const sx_act *ac
         const uint8_t *wt = (const uint8_t *)w->data + (size_t)(r / SX_TILE) * tile;
         const int live = r1 - r < SX_TILE ? r1 - r : SX_TILE;
         for (int c = 0; c < n;) {
-            const int C = sx_group_rows(cmax, n - c);
+            const int C = sx_group_rows(cmax < MAXC ? cmax : MAXC, n - c); /* the 8-row tiles take 4 */
             tiles[C - 1](wt, nb, act, (size_t)c * nb, out);
             sx_store_rows(w, out, SX_TILE, r, live, c, C, y, ys, y0);
             c += C;

@@ -103,6 +103,8 @@ void sx_x2_rows(const sx_mat *w, int r, int n, int cmax, int passes, const sx_ac
  * 16-row tile (gemm.c): 16384 x 576 at 4 rows 5.3 -> 4.8 ms; the padded SmolLM2's step of 4
  * rows of one sequence (bench/spec_rows.py, four alternating runs) 23.5-24.8 -> 21.9-23.4 ms. */
 #define SX_X2_PF 16384
+/* Activation rows per call of the 16-row Q4_0 tile at most: 8 from batches of 8 on (tile16.c) */
+#define SX_X2_MAXC 8
 #endif
 
 #ifdef SX_AVX2

@@ -62,7 +62,7 @@ SX_AI void tile_q4_x2(int C, const uint8_t *w, size_t tile, int nb, const sx_act
     const float *ad = act->scales + a0;
     const int32_t *zq = act->zq + a0;
     const __m512i m4 = _mm512_set1_epi8(0x0F);
-    __m512 acc[SX_MAXC];
+    __m512 acc[SX_X2_MAXC];
     for (int c = 0; c < C; c++) acc[c] = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++, w += SX_Q4_TILE_BYTES) {
         prefetch_share(pf, b);
@@ -73,8 +73,10 @@ SX_AI void tile_q4_x2(int C, const uint8_t *w, size_t tile, int nb, const sx_act
             wq[k] = _mm512_and_si512(raw, m4);
             wq[k + 4] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
         }
-        /* all C rows' chains side by side: 2C independent VPDPBUSD chains in flight */
-        __m512i s0[SX_MAXC], s1[SX_MAXC];
+        /* all C rows' chains side by side: 2C independent VPDPBUSD chains in flight (C = 8:
+         * one per row, 8 being enough to hide its latency, and two would not fit the 32
+         * registers); the integer sums are exact either way */
+        __m512i s0[SX_X2_MAXC], s1[SX_X2_MAXC];
         for (int c = 0; c < C; c++) {
             s0[c] = _mm512_set1_epi32(zq[(size_t)c * nb + b]);
             s1[c] = _mm512_setzero_si512();
@@ -83,11 +85,15 @@ SX_AI void tile_q4_x2(int C, const uint8_t *w, size_t tile, int nb, const sx_act
             for (int c = 0; c < C; c++) {
                 const sx_act_block *ab = a + (size_t)c * nb + b;
                 s0[c] = dot_bcast4(s0[c], wq[k], ab->qs + 4 * k);
-                s1[c] = dot_bcast4(s1[c], wq[k + 4], ab->qs + 16 + 4 * k);
+                if (C < 8) s1[c] = dot_bcast4(s1[c], wq[k + 4], ab->qs + 16 + 4 * k);
             }
+        if (C >= 8)
+            for (int k = 0; k < 4; k++)
+                for (int c = 0; c < C; c++) s0[c] = dot_bcast4(s0[c], wq[k + 4], a[(size_t)c * nb + b].qs + 16 + 4 * k);
         for (int c = 0; c < C; c++) {
             const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(ad[(size_t)c * nb + b]));
-            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0[c], s1[c])), scale, acc[c]);
+            const __m512i s = C < 8 ? _mm512_add_epi32(s0[c], s1[c]) : s0[c];
+            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), scale, acc[c]);
         }
     }
     for (int c = 0; c < C; c++) _mm512_storeu_ps(out + 16 * c, acc[c]);
@@ -211,7 +217,7 @@ void sx_x2_rows(const sx_mat *w, int r, int n, int cmax, int passes, const sx_ac
     const int skip = (int)(SX_X2_PF / (2 * tile)); /* 16-row chunks between this and the prefetched */
     const int ahead = n_tiles - t - 2 * (skip + 1) < 2 ? n_tiles - t - 2 * (skip + 1) : 2;
     const size_t len = ahead > 0 ? (size_t)ahead * tile : 0, per = (size_t)units * passes, step = (len + per - 1) / per;
-    float out[SX_MAXC * 2 * SX_TILE];
+    float out[SX_X2_MAXC * 2 * SX_TILE];
     for (int c = 0, j = 0; c < n; j++) {
         const int C = sx_group_rows(cmax, n - c);
         const size_t done = (size_t)j * units * step; /* what the earlier calls prefetched */
@@ -230,7 +236,8 @@ void sx_x2_rows(const sx_mat *w, int r, int n, int cmax, int passes, const sx_ac
             else if (C == 2) tile_qk_x2(SX_Q5_K, 2, wt, tile, nb, act, o, out, &pf);
             else tile_qk_x2(SX_Q5_K, 1, wt, tile, nb, act, o, out, &pf);
         } else {
-            if (C == 4) tile_q4_x2(4, wt, tile, nb, act, o, out, &pf);
+            if (C == 8) tile_q4_x2(8, wt, tile, nb, act, o, out, &pf);
+            else if (C == 4) tile_q4_x2(4, wt, tile, nb, act, o, out, &pf);
             else if (C == 2) tile_q4_x2(2, wt, tile, nb, act, o, out, &pf);
             else tile_q4_x2(1, wt, tile, nb, act, o, out, &pf);
         }
