@@ -33,8 +33,8 @@ CLASSES = [
     ("attn norm + act quant", None), ("qkv GEMV", "qkv"), ("wait after qkv", None),
     ("attention (rope, KV store, attend)", None), ("wait after attention", None),
     ("o act quant", None), ("o GEMV + residual", "o"), ("wait after o", None),
-    ("ffn norm + act quant", None), ("gate/up GEMV + silu", "gate_up"), ("wait after gate/up", None),
-    ("down act quant", None), ("down GEMV + residual", "down"), ("wait after down", None),
+    ("ffn norm + act quant", None), ("gate/up GEMV + silu (+ down act quant)", "gate_up"), ("wait after gate/up", None),
+    ("down act quant (F32/F16 down only)", None), ("down GEMV + residual", "down"), ("wait after down", None),
     ("final norm + act quant", None), ("LM head GEMV", "lm_head"), ("wait at the region's end", None),
 ]  # fmt: skip
 # barrier to barrier: (prep, work, wait) per projection, (work, wait) for attention
