@@ -228,22 +228,11 @@ static sx_claim claim_start(sx_ctx *c, int phase, int rows, int t, int nt) {
  * multiple). Those shares differ from sx_pack's first-touch partition by under 32 rows. */
 #define QUANT_UNIT SX_QK
 
-static void share_rows(const sx_claim *q, int share, int *r0, int *r1) {
-    if (q->unit == SX_PART) {
-        sx_partition(q->rows, share, q->nt, r0, r1);
-        return;
-    }
-    const int groups = (q->rows + q->unit - 1) / q->unit;
-    const int a = (int)((int64_t)groups * share / q->nt) * q->unit, b = (int)((int64_t)groups * (share + 1) / q->nt) * q->unit;
-    *r0 = a < q->rows ? a : q->rows;
-    *r1 = b < q->rows ? b : q->rows;
-}
-
 static int claim_next(sx_claim *q, int *r0, int *r1) {
     for (; q->k < q->nt; q->k++) {
         const int share = (q->t + q->k) % q->nt;
         int a, b;
-        share_rows(q, share, &a, &b);
+        sx_partition_units(q->rows, q->unit, share, q->nt, &a, &b);
         const int lo = a + __atomic_fetch_add(&q->claims[share], 1, __ATOMIC_RELAXED) * STEAL_ROWS;
         if (lo < b) {
             *r0 = lo;

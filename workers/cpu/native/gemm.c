@@ -325,12 +325,14 @@ void sx_gemm_rows_at(const sx_mat *w, int r0, int r1, int n, const sx_act *act, 
     }
 }
 
-void sx_partition(int rows, int t, int nt, int *r0, int *r1) {
-    const int groups = (rows + SX_PART - 1) / SX_PART;
-    int a = (int)((int64_t)groups * t / nt) * SX_PART, b = (int)((int64_t)groups * (t + 1) / nt) * SX_PART;
+void sx_partition_units(int rows, int unit, int t, int nt, int *r0, int *r1) {
+    const int groups = (rows + unit - 1) / unit;
+    int a = (int)((int64_t)groups * t / nt) * unit, b = (int)((int64_t)groups * (t + 1) / nt) * unit;
     *r0 = a < rows ? a : rows;
     *r1 = b < rows ? b : rows;
 }
+
+void sx_partition(int rows, int t, int nt, int *r0, int *r1) { sx_partition_units(rows, SX_PART, t, nt, r0, r1); }
 
 /* Q4_0's zero point per activation block, -8 x the sum of its quants, in the form tile_q adds
  * it: one int32 (VNNI), or on plain AVX2 two int16 halves, -8 x the quants that land in the even

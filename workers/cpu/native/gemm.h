@@ -43,6 +43,8 @@ typedef struct {
 /* Pack tiles [t0, t1) of a GGML row-major matrix (quant.c). */
 void sx_pack_tiles(int type, const void *rowmajor, int rows, int cols, void *packed, int t0, int t1);
 void sx_partition(int rows, int t, int nt, int *r0, int *r1);
+/* Thread t's share [r0, r1) of `rows` split in whole `unit`s (sx_partition: units of SX_PART). */
+void sx_partition_units(int rows, int unit, int t, int nt, int *r0, int *r1);
 /* Quantize x for every part type of w; act's arrays hold n * cols / 32 entries. */
 void sx_act_prepare(const sx_mat *w, const float *x, int n, sx_act *act);
 /* sx_act_prepare for the 32-column blocks [b0, b1) of activation rows [r0, r0 + n) only, the
