@@ -360,12 +360,12 @@ static unsigned type_mask(const sx_mat *w) { /* bit t: a part of type t */
 /* What every activation block needs for the part types in `m`: the int8 quants and scale, the
  * sum (Q4_1/Q4_K/Q5_K: times the scale), Q6_K's half sums, Q4_0's zero term; n rows of `cols`
  * columns, their blocks at act's arrays' start. */
-static void prepare_blocks(unsigned m, const float *x, int n, int cols, const sx_act *act) {
+static void prepare_blocks(unsigned m, const float *x, int n, int cols, sx_act *act) {
     const unsigned count = (unsigned)n * (cols / SX_QK);
     sx_quantize_act(x, n, cols, act->blocks, act->scales, act->zq);
     if (m & ((1u << SX_Q4_1) | (1u << SX_Q4_K) | (1u << SX_Q5_K)))
         for (unsigned i = 0; i < count; i++) act->xsum[i] = act->scales[i] * (float)act->zq[i];
-    sx_kquant_act(m, (int)count, (sx_act *)act);
+    sx_kquant_act(m, (int)count, act);
     if (m & (1u << SX_Q4_0)) q4_zero_terms(act->blocks, (int)count, act->zq);
 }
 
@@ -382,7 +382,7 @@ void sx_act_prepare_cols(const sx_mat *w, const float *x, int ldx, int r0, int n
     const int nb = w->cols / SX_QK;
     for (int r = 0; r < n; r++) { /* row r0 + r's blocks [b0, b1) are one run of the arrays */
         const size_t o = (size_t)(r0 + r) * nb + b0;
-        const sx_act view = {NULL, act->blocks + o, act->scales + o, act->zq + o, act->xsum + o, act->hsum + 2 * o};
+        sx_act view = {NULL, act->blocks + o, act->scales + o, act->zq + o, act->xsum + o, act->hsum + 2 * o};
         prepare_blocks(m, x + (size_t)r * ldx, 1, (b1 - b0) * SX_QK, &view);
     }
 }
