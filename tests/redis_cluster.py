@@ -39,6 +39,18 @@ class LocalCluster:
         """One node's URL, as a farm names the cluster (any node will do)."""
         return f"redis://127.0.0.1:{self.ports[0]}/0"
 
+    def _launch_node(self, timeout: float, tries: int = 5) -> int:
+        """Start one node on a free port pair and wait until it answers. A port found free can
+        still be taken before redis-server binds it (another test's connection, another
+        process): the server then exits at once, and the node is started again elsewhere."""
+        for _ in range(tries):
+            port = _cluster_port(exclude=self.ports)
+            self._start_node(port)
+            if _wait_ping(port, timeout, self.procs[port]):
+                return port
+            del self.procs[port]
+        raise RuntimeError(f"no cluster node would start in {tries} tries")
+
     def _start_node(self, port: int) -> None:
         home = Path(self._dir.name) / str(port)
         home.mkdir(exist_ok=True)
@@ -61,13 +73,8 @@ class LocalCluster:
     def start(self, timeout: float = 30.0) -> LocalCluster:
         self.ports = []
         while len(self.ports) < NODES:
-            port = _cluster_port()
-            if port not in self.ports:
-                self.ports.append(port)
-        for port in self.ports:
-            self._start_node(port)
-        for port in self.ports:
-            _wait_ping(port, timeout)
+            port = self._launch_node(timeout)
+            self.ports.append(port)
         create = ["redis-cli", "--cluster", "create"]
         create += [f"127.0.0.1:{p}" for p in self.ports]
         create += ["--cluster-replicas", "1", "--cluster-yes"]
@@ -159,24 +166,34 @@ class LocalCluster:
         self.stop()
 
 
-def _wait_ping(port: int, timeout: float) -> None:
+def _wait_ping(port: int, timeout: float, proc: subprocess.Popen) -> bool:
+    """True once the node answers; False at once if its server exited (it could not bind)."""
     end = time.monotonic() + timeout
-    with contextlib.closing(redis.Redis(port=port, socket_connect_timeout=0.2)) as r:
+    client = redis.Redis(port=port, socket_connect_timeout=0.2, socket_timeout=0.5)
+    with contextlib.closing(client) as r:
         while time.monotonic() < end:
             try:
                 r.ping()
-                return
-            except redis.ConnectionError:
+                return True
+            except redis.RedisError:  # refused, or something else listens there and is silent
+                if proc.poll() is not None:
+                    return False
                 time.sleep(0.05)
-    raise RuntimeError(f"redis-server on port {port} did not start")
+    raise RuntimeError(f"redis-server on port {port} did not answer in {timeout:.0f}s")
 
 
-def _cluster_port() -> int:
-    """A free port whose cluster bus port (+10000) is free too; both under 65536."""
+# Client ports and ports bound to 0 come from the kernel's ephemeral range (32768-60999 on
+# Linux by default); node ports and their bus ports (+10000) stay below it so that no
+# connection made meanwhile can take them.
+_PORT_LOW, _PORT_HIGH = 20000, 22700
+
+
+def _cluster_port(exclude: list[int]) -> int:
+    """A free port whose cluster bus port (+10000) is free too, not one of `exclude`."""
     rng = random.Random()
     for _ in range(200):
-        port = rng.randrange(20000, 45000)
-        if all(_free(p) for p in (port, port + 10000)):
+        port = rng.randrange(_PORT_LOW, _PORT_HIGH)
+        if port not in exclude and all(_free(p) for p in (port, port + 10000)):
             return port
     raise RuntimeError("no free port pair for a cluster node")
 
