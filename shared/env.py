@@ -104,6 +104,24 @@ def quantize() -> str | None:
     return _choice("SYSHAX_QUANTIZE", ("q8_0", "q4_0", "none"))
 
 
+def huge_pages() -> str:
+    """SYSHAX_HUGE_PAGES: when a CPU worker's packed weights are advised onto transparent huge
+    pages. 'lazy' (default): after they are written; the kernel's khugepaged collapses them in
+    the background, over minutes, and loading stays fast. 'eager': before, so the weights sit
+    on 2 MiB pages from the first decode step (see workers/cpu/lib.py's weight_buffer for
+    the measured trade)."""
+    return _choice("SYSHAX_HUGE_PAGES", ("lazy", "eager")) or "lazy"
+
+
+def prefer_eager_huge_pages() -> None:
+    """SYSHAX_HUGE_PAGES=eager for this process unless the user set it: a worker loads its
+    model once and decodes for hours, so a load a second longer (630 MB on a VM) buys every
+    batch-1 step 4-7% (lib.weight_buffer). One-shot commands (`syshax generate`, the benches)
+    keep the fast load."""
+    if _raw("SYSHAX_HUGE_PAGES") is None:
+        os.environ["SYSHAX_HUGE_PAGES"] = "eager"
+
+
 NRC_VALUES = (1, 2, 4, 8)
 
 
@@ -228,6 +246,7 @@ ENV_VARS: dict[str, Callable[[], Any]] = {
     "CUSTOM_CPU_AFFINITY": custom_cpu_affinity,
     "SYSHAX_QUANTIZE": quantize,
     "NRC": nrc,
+    "SYSHAX_HUGE_PAGES": huge_pages,
     "SYSHAX_KERNEL_CACHE": kernel_cache_dir,
     "SYSHAX_KERNEL_MARCH": kernel_march,
     "SYSHAX_LOOP_TRACE": loop_trace_dir,

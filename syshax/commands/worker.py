@@ -57,7 +57,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from syshax.shared import farm_file
+    from syshax.shared import env, farm_file
     from syshax.shared.config import ConfigError, load_config, resolve_config_path
     from syshax.shared.logs import apply_log_level
     from syshax.workers.process import run_worker
@@ -69,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
         log.error("%s", exc)
         return 2
     apply_log_level(cfg.log_level)
+    env.prefer_eager_huge_pages()  # before the engine packs its weights
     try:
         settings = WorkerSettings.from_config(cfg, WorkerOverrides.of(args))
     except ValueError as exc:

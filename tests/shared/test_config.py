@@ -374,6 +374,20 @@ def test_env_readers_validate(
     assert str(info.value).startswith(message)
 
 
+def test_huge_pages_default_lazy_and_eager_for_workers(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SYSHAX_HUGE_PAGES", "lazy")  # so that monkeypatch restores the original
+    monkeypatch.delenv("SYSHAX_HUGE_PAGES")
+    assert env.huge_pages() == "lazy"
+    env.prefer_eager_huge_pages()  # what `syshax worker` does before it loads a model
+    assert env.huge_pages() == "eager"
+    monkeypatch.setenv("SYSHAX_HUGE_PAGES", "Lazy")
+    env.prefer_eager_huge_pages()  # the user's choice stays
+    assert env.huge_pages() == "lazy"
+    monkeypatch.setenv("SYSHAX_HUGE_PAGES", "always")
+    with pytest.raises(env.EnvError, match="SYSHAX_HUGE_PAGES='always' is not valid"):
+        env.huge_pages()
+
+
 def test_debug_takes_any_positive_level(monkeypatch: pytest.MonkeyPatch) -> None:
     for value, on in (("2", True), ("1", True), ("0", False), ("off", False)):
         monkeypatch.setenv("DEBUG", value)

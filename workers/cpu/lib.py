@@ -12,6 +12,7 @@ import math
 from ctypes import POINTER, c_char_p, c_float, c_int, c_int32, c_int64, c_void_p
 
 import torch
+from syshax.shared import env
 
 from .build import library_path
 
@@ -316,18 +317,31 @@ def _libc() -> ctypes.CDLL | None:
         return None
 
 
-def weight_buffer(nbytes: int) -> torch.Tensor:
-    """An uninitialised uint8 buffer for packed weights, 2 MiB aligned (so its whole huge pages
-    can later be backed by transparent huge pages, see `advise_huge_pages`) but first touched
-    on ordinary 4 KiB pages. On a VM, fresh 2 MiB pages come from never-touched guest memory
-    and every 4 KiB of it costs the host a fault on first touch: advising huge pages before the
-    pack made the 1B Q4_K_M load 0.7-1.1 s instead of 0.4-0.5 s (2-core Zen 4 VM, alternating
-    runs), for a batch-1 decode gain of 3-7%. Small buffers are ordinary ones."""
+def weight_buffer(nbytes: int, eager: bool | None = None) -> torch.Tensor:
+    """An uninitialised uint8 buffer for packed weights, 2 MiB aligned, so that its whole huge
+    pages can be backed by transparent huge pages (`advise_huge_pages`). When that advice is
+    given is SYSHAX_HUGE_PAGES (`eager` overrides it):
+
+    - lazy (default): after the pack, which first touches the buffer on ordinary 4 KiB pages;
+      khugepaged collapses them later, at its pace (by default 16 MB per 10 s). On a VM fresh
+      2 MiB pages come from never-touched guest memory and each 4 KiB of it costs the host a
+      fault on first touch: advising before the pack made the 1B Q4_K_M load 0.7-1.1 s
+      instead of 0.4-0.5 s (2-core Zen 4 VM, alternating runs).
+    - eager: before, so the pack's first touch already takes 2 MiB pages. Batch-1 decode
+      gained 3-7% in those runs; and on 4 KiB pages the speed depends on where the pages land:
+      one 1B Q4_0 file loaded twice into one process streamed 5-8% slower in the copy loaded
+      first, in every order tried, and equally fast in both with huge pages at first touch
+      (docs/benchmarks.md, 2026-12-07).
+
+    Small buffers are ordinary ones."""
     if nbytes < HUGE_PAGE or _libc() is None:
         return torch.empty(nbytes, dtype=torch.uint8)
     raw = torch.empty(nbytes + HUGE_PAGE, dtype=torch.uint8)
     start = -raw.data_ptr() % HUGE_PAGE
-    return raw[start : start + nbytes]  # the view keeps the whole allocation alive
+    buf = raw[start : start + nbytes]  # the view keeps the whole allocation alive
+    if (env.huge_pages() == "eager") if eager is None else eager:
+        advise_huge_pages(buf)
+    return buf
 
 
 def advise_huge_pages(buf: torch.Tensor) -> bool:

@@ -238,3 +238,17 @@ def test_packed_weights_sit_in_huge_page_aligned_buffers_and_pack_the_same():
     small = lib.weight_buffer(100)
     assert small.numel() == 100
     assert not lib.advise_huge_pages(small)  # no whole huge page in it
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="madvise and /proc/self/smaps are Linux's")
+def test_eager_weight_buffers_are_advised_before_the_pack_touches_them(monkeypatch):
+    """SYSHAX_HUGE_PAGES=eager (a worker's default): the buffer is advised for huge pages
+    before anything is written, so the pack's first touch takes 2 MiB pages; lazy (the default
+    elsewhere) leaves that to after the pack."""
+    size = 3 * lib.HUGE_PAGE
+    assert "hg" in _vm_flags(lib.weight_buffer(size, eager=True).data_ptr())
+    assert "hg" not in _vm_flags(lib.weight_buffer(size, eager=False).data_ptr())
+    monkeypatch.setenv("SYSHAX_HUGE_PAGES", "eager")
+    assert "hg" in _vm_flags(lib.weight_buffer(size).data_ptr())
+    monkeypatch.delenv("SYSHAX_HUGE_PAGES")
+    assert "hg" not in _vm_flags(lib.weight_buffer(size).data_ptr())
