@@ -10,6 +10,10 @@ in short windows (--small-steps steps of the small model, then --large-steps of 
 one, ~0.15 s each). Each window pair gives both GB/s within a fraction of a second of each
 other, and their ratio; the report is the distribution of those paired ratios.
 
+Both load their weights as `syshax worker` does, onto huge pages from the first touch
+(SYSHAX_HUGE_PAGES=eager unless set; on 4 KiB pages the engine loaded first streamed 5-8%
+slower than the second, which made the load order part of the ratio).
+
 GB/s of a step = the packed weights it streams (every matrix once, as bench/step_profile.py
 counts them) / the fastest step of the window (preemption only ever adds time).
 
@@ -235,6 +239,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, help="write every window's figures here")
     p.add_argument("--verbose", action="store_true", help="print each window pair as it ends")
     args = p.parse_args(argv)
+    from syshax.shared import env
+
+    env.prefer_eager_huge_pages()  # both models load as a `syshax worker` loads its model
     if min(args.windows, args.small_steps, args.large_steps, args.warmup) < 1 or args.span < 2:
         p.error("need --windows, --small-steps, --large-steps and --warmup >= 1, --span >= 2")
     r = run(args)

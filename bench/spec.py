@@ -292,6 +292,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--llama-server", type=Path, default=None, help="llama-server binary: also run it plain and with --spec-type ngram-simple|ngram-map-k|ngram-mod")  # fmt: skip
     p.add_argument("--json", type=Path, default=None, help="also write every figure to this file")  # fmt: skip
     args = p.parse_args(argv)
+    from syshax.shared import env
+
+    env.prefer_eager_huge_pages()  # our engines load as a `syshax worker` loads its model
     out = measure(args)
     report(out, args)
     if args.json:
