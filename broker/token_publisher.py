@@ -260,8 +260,39 @@ class TokenPublisher:
 
     # ---- reading back --------------------------------------------------------------------
     def delivered(self, request_id: str, gateway: str = "") -> list[TokenEvent]:
-        """Every event already delivered for a request (to resume it after a crash): its
-        record, and the tokens of it in its gateway's stream beyond the record."""
+        """Every event already delivered for a request: its record, and the tokens of it in
+        its gateway's stream beyond the record."""
+        return self._delivered(request_id, gateway)[1]
+
+    def take_over(self, request_id: str, gateway: str = "") -> list[TokenEvent]:
+        """The events a worker resumes a dead one's request from: `delivered`, after writing
+        into the record those it lacks (the dead worker held them back; only its gateway's
+        stream has them). Readers scan the gateway stream from shortly before the record's
+        last entry only, so the record must hold every older event before this worker adds
+        its own: otherwise, when this worker dies too, the next one finds the tokens between
+        the two record entries nowhere and resumes from the wrong point (seen in
+        tests/reliability: a request resumed from seq 3 after a second kill, its seqs 3-34
+        made twice). Only the unbroken run from seq 0 is returned: tokens after a gap
+        cannot be a sequence's context."""
+        in_record, events = self._delivered(request_id, gateway)
+        unbroken = 0
+        while unbroken < len(events) and events[unbroken].seq == unbroken:
+            unbroken += 1
+        if unbroken < len(events):
+            log.warning(
+                "resuming %s: its delivered events stop at seq %d and go on from %d; resumed "
+                "after seq %d", request_id, unbroken, events[unbroken].seq, unbroken - 1,
+            )  # fmt: skip
+            events = events[:unbroken]
+        missing = [ev.pack() for ev in events if ev.seq not in in_record]
+        if missing:
+            pipe = self.r.pipeline(transaction=False)
+            self._write_record(pipe, request_id, missing, token_log.ended(events))
+            pipe.execute()
+        return events
+
+    def _delivered(self, request_id: str, gateway: str) -> tuple[set[int], list[TokenEvent]]:
+        """(the seqs in the record, every delivered event in seq order)."""
         record: list[TokenEvent] = []
         last = ""
         for entry_id, fields in self.r.xrange(self.keys.output_stream(request_id)):
@@ -271,11 +302,11 @@ class TokenPublisher:
             except SchemaError as exc:
                 log.warning("output of %s: skipping entry %s: %s", request_id, entry_id, exc)
         events = token_log.merge(record, [], request_id)
+        in_record = {ev.seq for ev in events}
         if not gateway or not last or token_log.ended(events):
-            return events  # no record yet: nothing of it was delivered (its first is written)
-        return token_log.merge(
-            events, self._scan(gateway, token_log.scan_start(last), request_id), request_id
-        )
+            return in_record, events  # no record yet: nothing was delivered (a first is written)
+        scanned = self._scan(gateway, token_log.scan_start(last), request_id)
+        return in_record, token_log.merge(events, scanned, request_id)
 
     def _scan(self, gateway: str, start: str, request_id: str) -> list[TokenEvent]:
         """The request's events in a gateway's stream from entry id `start`. A dead worker's

@@ -127,7 +127,7 @@ class Intake:
     def _resume(self, job: Job) -> bool:
         """A job taken over from a dead worker: the tokens it delivered are its start; False
         when it had delivered its last event already."""
-        delivered = self.publisher.delivered(job.request_id, job.msg.gateway)
+        delivered = self.publisher.take_over(job.request_id, job.msg.gateway)
         if delivered and (delivered[-1].finish_reason or delivered[-1].error):
             return False
         job.output_ids = [ev.token_id for ev in delivered]

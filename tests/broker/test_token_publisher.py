@@ -90,6 +90,48 @@ def test_held_events_are_delivered_from_the_gateway_stream(r, keys):
     assert [e.seq for e in heir.delivered("c0")] == [0]
 
 
+def test_a_second_heir_finds_what_the_first_dead_worker_held_back(r, keys, monkeypatch):
+    """A request resumed twice: the first heir writes into the record what the dead worker
+    held back before its own events, so the second heir, which scans the gateway stream only
+    from shortly before the record's last entry, still finds every token (without it: seqs
+    0 and 6-7 only, and a resume from the wrong point)."""
+    monkeypatch.setattr(token_log, "SKEW_MS", 1)  # "shortly before": 1 ms instead of 2 s
+    gw = {"a": "gw"}
+    dead = TokenPublisher(r, keys, write_interval=0)
+    for seq in range(6):
+        dead.publish([tok("a", seq)], gw)
+    assert record(r, keys, "a") == [[0]]  # 1-5 held back when it died
+    time.sleep(0.02)
+    heir = TokenPublisher(r, keys, write_interval=0)
+    assert [e.seq for e in heir.take_over("a", "gw")] == list(range(6))
+    assert record(r, keys, "a") == [[0], [1, 2, 3, 4, 5]]  # before any event of its own
+    time.sleep(0.02)
+    heir.publish([tok("a", 6)], gw)
+    heir.publish([tok("a", 7)], gw)  # both held back (its record exists): it dies with them
+    assert record(r, keys, "a") == [[0], [1, 2, 3, 4, 5]]
+    time.sleep(0.02)
+    second = TokenPublisher(r, keys, write_interval=0)
+    assert [e.seq for e in second.take_over("a", "gw")] == list(range(8))
+    assert record(r, keys, "a") == [[0], [1, 2, 3, 4, 5], [6, 7]]
+    assert second.take_over("a", "gw") == second.delivered("a", "gw")  # nothing more to write
+
+
+def test_a_take_over_resumes_before_a_gap(r, keys, caplog):
+    """Tokens after a gap in what was delivered cannot be a sequence's context: the heir
+    resumes after the last token of the unbroken run from seq 0, and says so."""
+    gw = {"g": "gw"}
+    dead = TokenPublisher(r, keys, write_interval=0)
+    for seq in range(5):
+        dead.publish([tok("g", seq)], gw)
+    entries = [eid for eid, _ in r.xrange(keys.gateway_stream("gw"))]
+    r.xdel(keys.gateway_stream("gw"), entries[2])  # seq 2 lost (a trimmed stream)
+    heir = TokenPublisher(r, keys, write_interval=0)
+    assert [e.seq for e in heir.delivered("g", "gw")] == [0, 1, 3, 4]
+    assert [e.seq for e in heir.take_over("g", "gw")] == [0, 1]
+    assert "stop at seq 2" in caplog.text
+    assert record(r, keys, "g") == [[0], [1]]  # the run before the gap, now in the record
+
+
 def test_records_are_checkpointed_and_flushed(r, keys, monkeypatch):
     monkeypatch.setattr(token_log, "CHECKPOINT_S", 0.05)
     pub = TokenPublisher(r, keys, write_interval=0)
