@@ -43,7 +43,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gguf_shapes  # noqa: E402
-from step_profile import CLASSES, N, weight_bytes  # noqa: E402
+from step_profile import CLASSES, N, hand_built, route_native_calls, weight_bytes  # noqa: E402
 
 
 class Stepper:
@@ -120,18 +120,13 @@ def run(args: argparse.Namespace) -> dict:
     from syshax.workers.cpu import lib
     from syshax.workers.cpu.options import pin_threads
 
-    plain = lib.load
-    if args.variant != "native":  # every kernel call of both engines goes to the profile build
-        lib.load = lambda variant="native": plain(args.variant if variant == "native" else variant)
+    route_native_calls(args.variant)  # both engines (profile: the build with the clocks)
     default_load = lib.load
 
     def engine_on(so_path: Path | None, path: str) -> Stepper:
         """A Stepper whose fused step runs `so_path` (a hand-built library) if given."""
         if so_path is not None:
-            so = ctypes.CDLL(str(so_path))
-            for name, (restype, argtypes) in lib._SIGNATURES.items():
-                fn = getattr(so, name)
-                fn.restype, fn.argtypes = restype, argtypes
+            so = hand_built(so_path)
             lib.load = lambda variant="native": so
         try:
             return Stepper(path, args.threads, args.context, args.span)

@@ -76,6 +76,27 @@ def weight_bytes(desc) -> dict[str, tuple[int, str]]:
     return {k: (b, "+".join(sorted(t))) for k, (b, t) in out.items()}
 
 
+def hand_built(path: Path) -> ctypes.CDLL:
+    """A kernels library built by hand (an A/B of two builds), typed as lib.load types one."""
+    from syshax.workers.cpu import lib
+
+    so = ctypes.CDLL(str(path))
+    for name, (restype, argtypes) in lib._SIGNATURES.items():
+        fn = getattr(so, name)
+        fn.restype, fn.argtypes = restype, argtypes
+    return so
+
+
+def route_native_calls(variant: str) -> None:
+    """Every kernel call an engine makes for the "native" build goes to `variant` instead
+    ("profile": the build with the per-op clocks; "native": no change)."""
+    from syshax.workers.cpu import lib
+
+    if variant != "native":
+        plain = lib.load
+        lib.load = lambda v="native": plain(variant if v == "native" else v)
+
+
 def profile(args: argparse.Namespace) -> dict:
     import torch
     from syshax.shared.sampling import SamplingParams
@@ -84,14 +105,10 @@ def profile(args: argparse.Namespace) -> dict:
     from syshax.workers.engine.engine import Engine
 
     if args.lib:  # a library built by hand (an A/B of two builds): every kernel call goes there
-        so = ctypes.CDLL(str(args.lib))
-        for name, (restype, argtypes) in lib._SIGNATURES.items():
-            fn = getattr(so, name)
-            fn.restype, fn.argtypes = restype, argtypes
+        so = hand_built(args.lib)
         lib.load = lambda variant="native": so
-    elif args.variant != "native":  # every kernel call of the engine goes to the profile build
-        plain = lib.load
-        lib.load = lambda variant="native": plain(args.variant if variant == "native" else variant)
+    else:
+        route_native_calls(args.variant)
     torch.set_num_threads(args.threads)
     path = str(args.model or gguf_shapes.shaped(args.shape, args.type))
     opts = from_env(args.threads).resolved(path, "cpu")  # the CPU worker's default rule

@@ -15,6 +15,7 @@ import warnings
 import numpy as np
 import torch
 from gguf import GGMLQuantizationType as T
+from syshax.shared import env
 from tqdm import tqdm
 
 from . import lib
@@ -60,7 +61,8 @@ def _linear(parts: list[tuple[int, torch.Tensor]], cols: int, bias, nrc: int) ->
         for (q, d), r in zip(parts, rows, strict=True)
     ]
     offsets = [sum(sizes[:i]) for i in range(len(parts))]
-    buf = lib.weight_buffer(sum(sizes))
+    eager = env.huge_pages() == "eager"  # advised before the pack (weight_buffer) or after
+    buf = lib.weight_buffer(sum(sizes), eager=eager)
     for (qtype, data), r, off, size in zip(parts, rows, offsets, sizes, strict=True):
         dest = buf[off : off + size]
         if qtype == lib.F32:
@@ -69,7 +71,8 @@ def _linear(parts: list[tuple[int, torch.Tensor]], cols: int, bias, nrc: int) ->
             # Each part in its own thread split (for gate and up that is the paired split the
             # fused step computes them in: first touch puts rows where they are read).
             lib.pack(data, qtype, r, cols, threads, out=dest)
-    lib.advise_huge_pages(buf)  # now that it is filled: khugepaged collapses it later
+    if not eager:
+        lib.advise_huge_pages(buf)  # now that it is filled: khugepaged collapses it later
     if len(set(types)) == 1 and all(r % 8 == 0 for r in rows[:-1]):
         weights = buf.view(torch.float32) if types[0] == lib.F32 else buf
         return QuantLinear(types[0], weights, cols, sum(rows), bias, nrc)
