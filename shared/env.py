@@ -122,6 +122,13 @@ def prefer_eager_huge_pages() -> None:
         os.environ["SYSHAX_HUGE_PAGES"] = "eager"
 
 
+def amx() -> bool:
+    """SYSHAX_AMX: 'off' keeps the CPU kernels off Intel AMX; 'on' (default) runs the Q4_0,
+    Q4_K and Q5_K GEMMs of prompt chunks on it where the CPU and the kernels' build have it
+    (Sapphire Rapids and later, Linux >= 5.16). Results are the same bits either way."""
+    return (_choice("SYSHAX_AMX", ("on", "off")) or "on") == "on"
+
+
 NRC_VALUES = (1, 2, 4, 8)
 
 
@@ -247,6 +254,7 @@ ENV_VARS: dict[str, Callable[[], Any]] = {
     "SYSHAX_QUANTIZE": quantize,
     "NRC": nrc,
     "SYSHAX_HUGE_PAGES": huge_pages,
+    "SYSHAX_AMX": amx,
     "SYSHAX_KERNEL_CACHE": kernel_cache_dir,
     "SYSHAX_KERNEL_MARCH": kernel_march,
     "SYSHAX_LOOP_TRACE": loop_trace_dir,

@@ -388,6 +388,17 @@ def test_huge_pages_default_lazy_and_eager_for_workers(monkeypatch: pytest.Monke
         env.huge_pages()
 
 
+def test_amx_is_on_unless_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SYSHAX_AMX", raising=False)
+    assert env.amx() is True
+    for value, on in (("off", False), ("OFF", False), ("on", True)):
+        monkeypatch.setenv("SYSHAX_AMX", value)
+        assert env.amx() is on
+    monkeypatch.setenv("SYSHAX_AMX", "0")
+    with pytest.raises(env.EnvError, match="SYSHAX_AMX='0' is not valid; allowed values: on, off"):
+        env.amx()
+
+
 def test_debug_takes_any_positive_level(monkeypatch: pytest.MonkeyPatch) -> None:
     for value, on in (("2", True), ("1", True), ("0", False), ("off", False)):
         monkeypatch.setenv("DEBUG", value)

@@ -156,6 +156,7 @@ class FusedDecoder:
         self._ctx = None
         _check(model.config, cache)
         self._lib = lib.load(variant)
+        self.simd = self._lib.sx_simd().decode()  # what the kernels run: "...+avx512vnni+amx"
         self.threads = threads or torch.get_num_threads()
         self.vocab = model.config.vocab_size
         if len(numa_nodes()) > 1:

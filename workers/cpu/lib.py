@@ -112,6 +112,8 @@ class SxModel(ctypes.Structure):
 _SIGNATURES = {
     "sx_simd": (c_char_p, []),
     "sx_max_threads": (c_int, []),
+    "sx_amx_enable": (c_int, [c_int]),
+    "sx_amx_active": (c_int, []),
     "sx_quantize": (None, [c_int, c_void_p, c_int64, c_void_p]),
     "sx_dequantize": (None, [c_int, c_void_p, c_int64, c_void_p]),
     "sx_dequantize_rows": (None, [c_int, c_void_p, c_int64, c_int, c_void_p, c_int, c_void_p]),
@@ -167,6 +169,7 @@ def load(variant: str = "native") -> ctypes.CDLL:
     for name, (restype, argtypes) in _SIGNATURES.items():
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = restype, argtypes
+    lib.sx_amx_enable(int(env.amx()))  # before any step: it asks Linux for the tile state
     return lib
 
 

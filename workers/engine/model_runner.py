@@ -182,6 +182,7 @@ class ModelRunner(PortableKV):
             except (FusedError, KernelBuildError) as exc:
                 raise EngineError(str(exc)) from exc
             self.forward = FusedRunner(self.fused)
+            log.info("fused CPU step: kernels %s, %d threads", self.fused.simd, self.fused.threads)
 
     @classmethod
     def load(cls, model: str | Path | None, opts: ModelOptions) -> ModelRunner:

@@ -58,7 +58,7 @@ struct sx_ctx {
 
 const char *sx_simd(void) {
 #if defined(SX_VNNI)
-    return "avx2+fma+f16c+avx512vnni";
+    return sx_amx_active() ? "avx2+fma+f16c+avx512vnni+amx" : "avx2+fma+f16c+avx512vnni";
 #elif defined(SX_AVX2)
     return "avx2+fma+f16c";
 #elif defined(SX_NEON)
@@ -168,10 +168,10 @@ sx_ctx *sx_ctx_new(const sx_model *m, int max_batch, int n_threads, int nrc) {
     c->gu = zalloc(B * 2 * m->inter * 4);
     c->h = zalloc(B * m->inter * 4);
     const size_t hb = B * (m->inter / SX_QK);
-    c->down_act.blocks = zalloc(hb * sizeof(sx_act_block));
-    c->down_act.scales = zalloc(hb * 4);
+    c->down_act.blocks = zalloc((B + SX_ACT_PAD_ROWS) * (m->inter / SX_QK) * sizeof(sx_act_block));
+    c->down_act.scales = zalloc((B + SX_ACT_PAD_ROWS) * (m->inter / SX_QK) * 4);
     c->down_act.zq = zalloc(hb * 4);
-    c->down_act.xsum = zalloc(hb * 4);
+    c->down_act.xsum = zalloc((B + SX_ACT_PAD_ROWS) * (m->inter / SX_QK) * 4);
     c->down_act.hsum = zalloc(hb * 8);
     c->down_act.x = c->h;
     c->ws = (sx_scratch *)calloc(c->nt, sizeof(sx_scratch));
@@ -188,10 +188,10 @@ sx_ctx *sx_ctx_new(const sx_model *m, int max_batch, int n_threads, int nrc) {
     for (int s = 0; ok && s < m->n_slots; s++) c->ident[s] = s;
     for (int t = 0; ok && t < c->nt; t++) {
         c->ws[t].xn = zalloc(B * c->kmax * 4);
-        c->ws[t].blocks = zalloc(B * (c->kmax / SX_QK) * sizeof(sx_act_block));
-        c->ws[t].scales = zalloc(B * (c->kmax / SX_QK) * 4);
+        c->ws[t].blocks = zalloc((B + SX_ACT_PAD_ROWS) * (c->kmax / SX_QK) * sizeof(sx_act_block));
+        c->ws[t].scales = zalloc((B + SX_ACT_PAD_ROWS) * (c->kmax / SX_QK) * 4);
         c->ws[t].zq = zalloc(B * (c->kmax / SX_QK) * 4);
-        c->ws[t].xsum = zalloc(B * (c->kmax / SX_QK) * 4);
+        c->ws[t].xsum = zalloc((B + SX_ACT_PAD_ROWS) * (c->kmax / SX_QK) * 4);
         c->ws[t].hsum = zalloc(B * (c->kmax / SX_QK) * 8);
         c->ws[t].scores = zalloc(((size_t)(m->n_heads / m->n_kv_heads) * m->max_len + 2 * m->head_dim) * 4);
         c->ws[t].gu = zalloc(2 * B * STEAL_ROWS * 4);

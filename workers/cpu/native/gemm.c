@@ -200,7 +200,17 @@ static void gemm_rows_q(const sx_mat *w, int r0, int r1, int n, const sx_act *ac
     for (int c = 0; c < n; c += sx_group_rows(cmax, n - c)) passes++;
     float out[MAXC * SX_TILE];
     if (!tiles) return;
+#ifdef SX_AMX
+    const int amx_type = w->type == SX_Q4_0 || w->type == SX_Q4_K || w->type == SX_Q5_K;
+    const int amx = amx_type && nrc == 0 && n >= SX_AMX_MIN_ROWS && sx_amx_active();
+#endif
     for (int r = r0; r < r1;) {
+#ifdef SX_AMX
+        if (amx && r + 2 * SX_TILE <= r1 && sx_amx_rows(w, r, n, act, y, ys, y0)) {
+            r += 2 * SX_TILE;
+            continue;
+        }
+#endif
 #ifdef SX_TILE16
         if (x2 && (passes > 1 || one_x2 || cmax > MAXC) && r + 2 * SX_TILE <= r1) {
             sx_x2_rows(w, r, n, cmax, passes, act, y, ys, y0);
@@ -390,10 +400,10 @@ void sx_act_prepare_cols(const sx_mat *w, const float *x, int ldx, int r0, int n
 void sx_gemm(const sx_mat *w, int n, const float *x, float *y, int n_threads, int nrc) {
     const size_t nb = (size_t)n * (w->cols / SX_QK);
     sx_act act = {0};
-    act.blocks = (sx_act_block *)malloc(nb * sizeof(sx_act_block) + 64);
-    act.scales = (float *)malloc(nb * sizeof(float) + 4);
+    act.blocks = (sx_act_block *)calloc(nb + SX_ACT_PAD_ROWS * (size_t)(w->cols / SX_QK), sizeof(sx_act_block));
+    act.scales = (float *)calloc(nb + SX_ACT_PAD_ROWS * (size_t)(w->cols / SX_QK), sizeof(float));
     act.zq = (int32_t *)malloc(nb * sizeof(int32_t) + 4);
-    act.xsum = (float *)malloc(nb * sizeof(float) + 4);
+    act.xsum = (float *)calloc(nb + SX_ACT_PAD_ROWS * (size_t)(w->cols / SX_QK), sizeof(float));
     act.hsum = (int32_t *)malloc(2 * nb * sizeof(int32_t) + 8);
     sx_act_prepare(w, x, n, &act);
 #pragma omp parallel num_threads(n_threads < 1 ? 1 : n_threads)

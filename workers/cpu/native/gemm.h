@@ -107,6 +107,60 @@ void sx_x2_rows(const sx_mat *w, int r, int n, int cmax, int passes, const sx_ac
 #define SX_X2_PF 16384
 /* Activation rows per call of the 16-row Q4_0 tile at most: 8 from batches of 8 on (tile16.c) */
 #define SX_X2_MAXC 8
+
+/* One call's share of the next tiles: `step` bytes per unit (a 32-column block; K-quants: a
+ * super-block) from `next`, up to
+ * `len` (next NULL: nothing, the last tiles of a matrix). */
+typedef struct {
+    const uint8_t *next;
+    size_t step, len;
+} sx_pf;
+
+SX_AI void prefetch_share(const sx_pf *pf, int b) { /* the lines starting in [b step, (b + 1) step) */
+    const size_t end = (size_t)(b + 1) * pf->step < pf->len ? (size_t)(b + 1) * pf->step : pf->len;
+    for (size_t o = ((size_t)b * pf->step + 63) & ~(size_t)63; o < end; o += 64)
+        _mm_prefetch((const char *)pf->next + o, SX_PF_HINT);
+}
+
+/* Two adjacent packed tiles side by side in one 512-bit register (tile16.c, amx.c). */
+SX_AI __m512i ld2(const uint8_t *w, size_t tile, int off) { /* 32 bytes of each tile */
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(w + off))),
+                              _mm256_loadu_si256((const __m256i *)(w + tile + off)), 1);
+}
+
+SX_AI __m128i ld2x8(const uint8_t *w, size_t tile, int off) { /* 8 bytes of each tile */
+    return _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)(w + off)), _mm_loadl_epi64((const __m128i *)(w + tile + off)));
+}
+
+SX_AI __m512 ld2ph(const uint8_t *w, size_t tile, int off) { /* 8 fp16 of each tile */
+    return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(w + off))),
+                                                   _mm_loadu_si128((const __m128i *)(w + tile + off)), 1));
+}
+
+SX_AI __m512i shift16z(__m512i x, int left) { /* 16-bit lanes by `left` (< 0: right); a constant */
+    return left > 0 ? _mm512_slli_epi16(x, left) : left < 0 ? _mm512_srli_epi16(x, -left) : x;
+}
+#endif
+
+/* Activation rows every sx_act's blocks, scales and xsum arrays hold beyond the rows in use: AMX
+ * works on 16 activation rows at a time, in place (amx.c), and a last group of fewer rows reads
+ * (and then drops) the rest. Every allocation of those arrays adds them. */
+#define SX_ACT_PAD_ROWS 16
+
+#if defined(SX_TILE16) && defined(__AMX_TILE__) && defined(__AMX_INT8__)
+#define SX_AMX 1
+/* amx.c: rows [r, r + 16) (two whole tiles) of a Q4_0, Q4_K or Q5_K matrix for all n
+ * activation rows on AMX, the results bit for bit those of sx_x2_rows; 0 (nothing done) if the
+ * thread's buffer could not be allocated. Only while sx_amx_active(), from SX_AMX_MIN_ROWS. */
+int sx_amx_rows(const sx_mat *w, int r, int n, const sx_act *act, float *y, int ys, int y0);
+/* Activation rows from which those GEMMs run on AMX; below, the VNNI tiles. Measured on a
+ * 2-core Sapphire Rapids class VM (bench/amx_rows.py gemm, 2 threads, AMX / VNNI): Q4_0 at 32
+ * rows 0.84-1.07x, 48 rows 1.01-1.16x, 64 rows 1.02-1.19x (Q4_K 1.01-1.05x, 1.11-1.18x,
+ * 1.17-1.20x); the fused step of a decode batch of 16 sequences 0.83x, of 32 0.96x: the
+ * weights' unpacking per call needs enough activation rows to pay for it. */
+#ifndef SX_AMX_MIN_ROWS
+#define SX_AMX_MIN_ROWS 48
+#endif
 #endif
 
 #ifdef SX_AVX2

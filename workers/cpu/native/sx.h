@@ -139,6 +139,13 @@ void sx_unpack(int type, const void *packed, int rows, int cols, void *rowmajor)
  * 0 = default. */
 void sx_gemm(const sx_mat *w, int n, const float *x, float *y, int n_threads, int nrc);
 
+/* Intel AMX for the Q4_0 GEMMs of prompt chunks and large batches (amx.c), where the build has
+ * it (-march for a CPU with AMX-INT8): asks Linux for the tile state (on) and returns whether
+ * AMX is now used; off: the VNNI tiles only. Results are the same bits either way. Call it
+ * before steps run, not during one. Default: off. */
+int sx_amx_enable(int on);
+int sx_amx_active(void);
+
 /* Pin thread i of the kernels' pool to cpus[i]; returns 0, or -1 if the pool's size differs
  * from n, or the 1-based index of the first thread whose pinning failed. */
 int sx_pin_threads(const int *cpus, int n);

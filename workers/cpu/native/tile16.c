@@ -23,34 +23,6 @@
  * this tile with in-stream prefetch 132-142, with the spread prefetch 155-165; batch 8
  * 108-112 -> 136-162; batch 4 100-103 (tile_q, one call) -> 108-123 (two calls of 2). */
 
-/* One call's share of the next tiles: `step` bytes per unit (a 32-column block; K-quants: a
- * super-block) from `next`, up to
- * `len` (next NULL: nothing, the last tiles of a matrix). */
-typedef struct {
-    const uint8_t *next;
-    size_t step, len;
-} sx_pf;
-
-SX_AI void prefetch_share(const sx_pf *pf, int b) { /* the lines starting in [b step, (b + 1) step) */
-    const size_t end = (size_t)(b + 1) * pf->step < pf->len ? (size_t)(b + 1) * pf->step : pf->len;
-    for (size_t o = ((size_t)b * pf->step + 63) & ~(size_t)63; o < end; o += 64)
-        _mm_prefetch((const char *)pf->next + o, SX_PF_HINT);
-}
-
-SX_AI __m512i ld2(const uint8_t *w, size_t tile, int off) { /* 32 bytes of each tile */
-    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(w + off))),
-                              _mm256_loadu_si256((const __m256i *)(w + tile + off)), 1);
-}
-
-SX_AI __m128i ld2x8(const uint8_t *w, size_t tile, int off) { /* 8 bytes of each tile */
-    return _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)(w + off)), _mm_loadl_epi64((const __m128i *)(w + tile + off)));
-}
-
-SX_AI __m512 ld2ph(const uint8_t *w, size_t tile, int off) { /* 8 fp16 of each tile */
-    return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(w + off))),
-                                                   _mm_loadu_si128((const __m128i *)(w + tile + off)), 1));
-}
-
 SX_AI __m512i dot_bcast4(__m512i acc, __m512i u, const void *s) { /* acc + u (u8) x 4 bytes at s (s8) */
     __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(u), "m"(*(const int32_t *)s));
     return acc;
@@ -97,10 +69,6 @@ SX_AI void tile_q4_x2(int C, const uint8_t *w, size_t tile, int nb, const sx_act
         }
     }
     for (int c = 0; c < C; c++) _mm512_storeu_ps(out + 16 * c, acc[c]);
-}
-
-SX_AI __m512i shift16z(__m512i x, int left) { /* 16-bit lanes by `left` (< 0: right); a constant */
-    return left > 0 ? _mm512_slli_epi16(x, left) : left < 0 ? _mm512_srli_epi16(x, -left) : x;
 }
 
 /* Q4_K and Q5_K over two tiles: kquant.c's tile_k (VNNI) in 16 lanes, the same integer sums

@@ -1,0 +1,90 @@
+"""Intel AMX for the Q4_0, Q4_K and Q5_K GEMMs of prompt chunks (workers/cpu/native/amx.c):
+the same bits as the VNNI tiles, in the GEMM and in the fused step, whatever the row count.
+AMX takes GEMMs of 48 activation rows or more (SX_AMX_MIN_ROWS); the other kernel tests stay
+under that and test the VNNI tiles. On a machine without AMX-INT8 these tests skip."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from syshax.shared import env
+from syshax.workers.cpu import lib
+
+from .test_fused import PROMPT, _engine
+from .test_kquants import mat_of, random_blocks
+
+
+@pytest.fixture
+def amx():
+    native = lib.load()
+    if not native.sx_amx_enable(1):
+        native.sx_amx_enable(int(env.amx()))
+        pytest.skip(
+            "no AMX-INT8 here: it needs an Intel CPU of the Sapphire Rapids class or later, "
+            "Linux >= 5.16 and the kernels built for it (-march=native)"
+        )
+    yield native
+    native.sx_amx_enable(int(env.amx()))  # as lib.load left it
+
+
+def _off_and_on(native, compute):
+    native.sx_amx_enable(0)
+    assert not native.sx_amx_active()
+    off = compute()
+    assert native.sx_amx_enable(1)
+    return off, compute()
+
+
+@pytest.mark.parametrize(("rows", "cols"), [(40, 192), (264, 576), (48, 2048)])
+@pytest.mark.parametrize("n", [47, 48, 49, 65, 100])
+def test_amx_gemm_is_the_vnni_gemm_bit_for_bit(amx, rows, cols, n):
+    """Rows past the last whole 16 go to the 8-row tiles; 576 columns are 18 blocks, not a
+    multiple of the 4 that share the C tiles; 47 activation rows stay on VNNI
+    (SX_AMX_MIN_ROWS), 49 and 65 leave a last AMX group of 1 row (its tile reads the padding
+    rows, which must not leak in)."""
+    g = torch.Generator().manual_seed(rows + cols + n)
+    w = torch.randn(rows, cols, generator=g)
+    mat = lib.quant_mat(lib.Q4_0, lib.quantize(w, lib.Q4_0), rows, cols, torch.randn(rows))
+    x = torch.randn(n, cols, generator=g) * 4
+    off, on = _off_and_on(amx, lambda: lib.gemm(mat, x, threads=2))
+    assert torch.isfinite(off).all()
+    assert torch.equal(on, off)
+
+
+@pytest.mark.parametrize("qtype", [lib.Q4_K, lib.Q5_K])
+@pytest.mark.parametrize(("rows", "cols"), [(40, 256), (264, 2048)])
+@pytest.mark.parametrize("n", [47, 49, 100])
+def test_amx_k_quant_gemm_is_the_vnni_gemm_bit_for_bit(amx, qtype, rows, cols, n):
+    """Q4_K and Q5_K (random blocks: every scale, min and 5th bit pattern): one super-block
+    and eight, a remainder tile of 8 rows, a last AMX group of 1 activation row."""
+    mat = mat_of(qtype, random_blocks(qtype, rows, cols, seed=n), rows, cols, torch.randn(rows))
+    x = torch.randn(n, cols, generator=torch.Generator().manual_seed(n)) * 3
+    off, on = _off_and_on(amx, lambda: lib.gemm(mat, x, threads=2))
+    assert torch.isfinite(off).all()
+    assert torch.equal(on, off)
+
+
+def test_amx_is_reported_in_the_kernels_simd_string(amx):
+    assert amx.sx_simd().decode().endswith("+amx")
+    amx.sx_amx_enable(0)
+    assert not amx.sx_simd().decode().endswith("+amx")
+
+
+def test_fused_step_with_amx_gives_the_same_logits(amx, tiny_models):
+    """A Q4_0 model's step with a prompt chunk of 60 rows and a decode row: every matrix with
+    16 rows or more runs on AMX, and the logits are those of the VNNI tiles, bit for bit."""
+    from syshax.workers.cpu.fused import FusedDecoder
+
+    folder, _ = tiny_models["llama"]
+    engine = _engine(folder, quantize="q4_0", op_mode="fused")
+    prompt = (PROMPT * 7)[:60]
+    blocks = -(-61 // engine.cache.block_size)
+    tables = [list(range(blocks)), list(range(blocks, 2 * blocks))]
+    args = (prompt + [1], list(range(60)) + [0], [0] * 60 + [1], tables, [59, 60])
+    fused = FusedDecoder(engine.model, engine.cache, threads=2, max_tokens=64)
+    try:
+        off, on = _off_and_on(amx, lambda: fused.step(*args).clone())
+    finally:
+        fused.close()
+    assert torch.isfinite(off).all()
+    assert torch.equal(on, off)

@@ -1,0 +1,281 @@
+/* Q4_0, Q4_K and Q5_K rows on Intel AMX (Sapphire Rapids and later) for GEMMs of 48 activation
+ * rows or more (SX_AMX_MIN_ROWS, gemm.h): prompt chunks, where the 16-row VNNI tiles (tile16.c)
+ * are bound by arithmetic, not by the weights. The K-quants are at the end of the file.
+ *
+ * The packed Q4_0 tiles (sx.h) are already AMX's B layout: a 32-byte chunk holds 4 quant bytes
+ * of each of 8 rows, so the low nibbles of the same chunk of two adjacent tiles are one 64-byte
+ * row of a B tile (16 weight rows x 4 quants), the high nibbles another. Each 16-row pair of
+ * tiles is unpacked once per call into a per-thread buffer as signed quants (nibble - 8: the
+ * zero point is then in the integers, not added per activation row as the VNNI tiles add it).
+ * TDPBSSD multiplies the activation quants (A: up to 16 activation rows x one 32-column block,
+ * read in place from sx_act) by them: 16 x 16 exact block sums per instruction, what the VNNI
+ * tile makes with 64 VPDPBUSDs. Each block sum then gets one multiply and one fused
+ * multiply-add, with the same operands in the same order as tile16.c's tile_q4_x2: the results
+ * are bit for bit those of the VNNI tiles, whatever the batch (tests/workers/cpu/test_amx.py).
+ *
+ * A 32-column block per instruction, not AMX's 64: Q4_0's scales change every 32 columns, so the
+ * integer sums must be scaled block by block. That scaling (a tile store, then per activation
+ * row a load, a convert, a multiply and an FMA) costs more than the TDPBSSD itself. */
+#include "gemm.h"
+
+#include <stdlib.h>
+
+#ifdef SX_AMX
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+#define BLOCK_BUF 576 /* per block in the B buffer: 8 B-tile rows of 64 bytes, 16 float scales */
+
+static int amx_on; /* set by sx_amx_enable, before any step runs */
+
+int sx_amx_enable(int on) {
+    /* Linux (>= 5.16) hands out the 8 KiB of tile state only to a process that asks: without
+     * the permission the first tile instruction raises SIGILL. It is process-wide. */
+    amx_on = on && syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+    return amx_on;
+}
+
+int sx_amx_active(void) { return amx_on; }
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} tile_config;
+
+/* Tile registers (macros: the intrinsics paste the number into the instruction). Four blocks'
+ * sums are made in four C tiles before the first is stored: a tile is not renamed, so with one
+ * C tile each block's TDPBSSD waited for the previous block's store to have read it. */
+#define T_C0 0
+#define T_C1 1
+#define T_C2 2
+#define T_C3 3
+#define T_A0 4
+#define T_A1 5
+#define T_B0 6
+#define T_B1 7
+#define GROUP 4 /* blocks per round of the C tiles */
+
+/* The thread's tile shapes, loaded once per thread: nothing else in the process uses tiles. */
+static __thread int tiles_ready;
+static __thread uint8_t *bbuf; /* this thread's unpacked weights (B tiles, scales) */
+static __thread size_t bbuf_bytes;
+
+static int thread_setup(size_t bytes) {
+    if (!tiles_ready) {
+        tile_config cfg = {0};
+        cfg.palette = 1;
+        for (int i = T_C0; i <= T_C3; i++) cfg.rows[i] = 16, cfg.colsb[i] = 64; /* 16 act rows x 16 sums */
+        for (int i = T_A0; i <= T_A1; i++) cfg.rows[i] = 16, cfg.colsb[i] = 32; /* 16 act rows x 32 quants */
+        for (int i = T_B0; i <= T_B1; i++) cfg.rows[i] = 8, cfg.colsb[i] = 64;  /* 8 x (16 weight rows x 4) */
+        _tile_loadconfig(&cfg);
+        tiles_ready = 1;
+    }
+    if (bbuf_bytes < bytes) {
+        free(bbuf);
+        bbuf = (uint8_t *)aligned_alloc(64, bytes);
+        bbuf_bytes = bbuf ? bytes : 0;
+    }
+    return bbuf != NULL;
+}
+
+/* Rows [r, r + 16) (two packed tiles, t and t + 1) -> the B buffer: per block the 8 B-tile rows
+ * (chunk k's low nibbles = quants 4k..4k+3 -> row k, its high nibbles = quants 16+4k.. -> row
+ * k + 4, the order of an sx_act_block's qs) and the 16 rows' scales as floats. */
+static void fill_b(uint8_t *bbuf, const uint8_t *w, size_t tile, int nb, const uint8_t *next, size_t next_len) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F), eight = _mm512_set1_epi8(8);
+    const sx_pf pf = {next, nb ? (next_len + nb - 1) / nb : 0, next_len};
+    for (int b = 0; b < nb; b++, w += SX_Q4_TILE_BYTES) {
+        prefetch_share(&pf, b); /* the next 16 rows, spread over this pass (it reads DRAM once) */
+        uint8_t *dst = bbuf + (size_t)b * BLOCK_BUF;
+        for (int k = 0; k < 4; k++) {
+            const __m512i raw = ld2(w, tile, 16 + 32 * k);
+            _mm512_store_si512((__m512i *)(dst + 64 * k), _mm512_sub_epi8(_mm512_and_si512(raw, m4), eight));
+            _mm512_store_si512((__m512i *)(dst + 64 * (k + 4)),
+                               _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(raw, 4), m4), eight));
+        }
+        _mm512_store_ps((float *)(dst + 512), ld2ph(w, tile, 0));
+    }
+}
+
+/* One block's sums (a tile stored at `sums`) into the 16 rows' accumulators, as tile_q4_x2 does:
+ * acc += s x (dw x ad), s the block's exact sum with the zero point (tile_q4_x2 adds it as zq).
+ * Rows past the batch's last compute garbage from the padding (gemm.h) and are not stored. */
+static inline __attribute__((always_inline)) void scale_block(int nb, int b, const int32_t *sums, const float *dws,
+                                                              const float *ad, __m512 *acc) {
+    const __m512 dw = _mm512_load_ps(dws);
+#pragma GCC unroll 16
+    for (int k = 0; k < 16; k++) {
+        const __m512i s = _mm512_load_si512((const __m512i *)(sums + 16 * k));
+        acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, _mm512_set1_ps(ad[(size_t)k * nb + b])), acc[k]);
+    }
+}
+
+#define BSRC(b) (bbuf + (size_t)(b) * BLOCK_BUF)
+#define BSCALES(b) ((const float *)(BSRC(b) + 512))
+/* Block b's sums into tile C from tiles A and B (B from SRC(b), multiplied by DP: TDPBSSD or
+ * TDPBSUD); rows past the batch read the padding. Needs a, stride in scope. */
+#define DOT(C, A, B, b, SRC, DP)                                                                                       \
+    do {                                                                                                               \
+        _tile_loadd(A, a[b].qs, stride);                                                                               \
+        _tile_loadd(B, SRC(b), 64);                                                                                    \
+        _tile_zero(C);                                                                                                 \
+        DP(C, A, B);                                                                                                   \
+    } while (0)
+/* Blocks [b, b + 4) into the four C tiles, stored to out[0..3]. */
+#define DOT_GROUP(b, SRC, DP, out)                                                                                     \
+    do {                                                                                                               \
+        DOT(T_C0, T_A0, T_B0, b, SRC, DP);                                                                             \
+        DOT(T_C1, T_A1, T_B1, (b) + 1, SRC, DP);                                                                       \
+        DOT(T_C2, T_A0, T_B0, (b) + 2, SRC, DP);                                                                       \
+        DOT(T_C3, T_A1, T_B1, (b) + 3, SRC, DP);                                                                       \
+        _tile_stored(T_C0, (out)[0], 64);                                                                              \
+        _tile_stored(T_C1, (out)[1], 64);                                                                              \
+        _tile_stored(T_C2, (out)[2], 64);                                                                              \
+        _tile_stored(T_C3, (out)[3], 64);                                                                              \
+    } while (0)
+
+/* 16 activation rows from row c, all blocks: out[16 k + i] = row c + k, weight row r + i.
+ * Software-pipelined: the sums of blocks [b, b + 4) are stored while those of the 4 before are
+ * scaled (a load right after the tile store it reads waits for that store to reach L1).
+ *
+ * Measured on a 2-core Sapphire Rapids class VM (1b gate/up, 16384 x 2048 at 128 rows, one
+ * thread): this kernel 205-220 GMAC/s, the VNNI tiles 180-210. The tile work alone (no scaling)
+ * and the scaling alone each take about half of the time: they add up instead of overlapping,
+ * and the scaling, 3 vector operations per 16 sums, takes ~3.5 cycles per 16. Tried, no
+ * faster: two activation x two weight groups per block (each tile load feeding two TDPBSSDs,
+ * accumulators in memory) 195-200; the same scaling 4 blocks per accumulator load 188; the
+ * scaling in 256-bit halves 170. */
+static void rows_q4(const uint8_t *bbuf, int nb, const sx_act *act, int c, float *out) {
+    const size_t a0 = (size_t)c * nb;
+    const sx_act_block *a = act->blocks + a0;
+    const float *ad = act->scales + a0;
+    const long stride = (long)nb * (long)sizeof(sx_act_block);
+    int32_t sums[2][GROUP][16 * 16] __attribute__((aligned(64)));
+    __m512 acc[16];
+#pragma GCC unroll 16
+    for (int k = 0; k < 16; k++) acc[k] = _mm512_setzero_ps();
+    int b = 0, cur = 0;
+    for (; b + GROUP <= nb; b += GROUP, cur ^= 1) {
+        DOT_GROUP(b, BSRC, _tile_dpbssd, sums[cur]);
+        if (b > 0)
+            for (int j = 0; j < GROUP; j++) scale_block(nb, b - GROUP + j, sums[cur ^ 1][j], BSCALES(b - GROUP + j), ad, acc);
+    }
+    if (b > 0)
+        for (int j = 0; j < GROUP; j++) scale_block(nb, b - GROUP + j, sums[cur ^ 1][j], BSCALES(b - GROUP + j), ad, acc);
+    for (; b < nb; b++) { /* the last nb % 4 blocks, in order after the groups */
+        DOT(T_C0, T_A0, T_B0, b, BSRC, _tile_dpbssd);
+        _tile_stored(T_C0, sums[0][0], 64);
+        scale_block(nb, b, sums[0][0], BSCALES(b), ad, acc);
+    }
+#pragma GCC unroll 16
+    for (int k = 0; k < 16; k++) _mm512_storeu_ps(out + 16 * k, acc[k]);
+}
+
+/* ---- Q4_K and Q5_K ------------------------------------------------------------------------
+ * The same scheme per 32-column sub-block: its B tile is the unsigned quants (no zero point:
+ * the mins are their own term), TDPBSUD, then per activation row tile_qk_x2's integer product
+ * with the 16 rows' sub-block scales, its multiply-add into the super-block's sum, and at each
+ * super-block's end its mins term and the two multiply-adds into the row's accumulator, in
+ * tile_qk_x2's order. Per super-block the buffer holds the 8 sub-blocks' B tiles (4096 bytes),
+ * their scales as int32 (512), their mins as floats (512), d and -dmin (128). */
+#define KSB_BUF 5248
+#define KSRC(b) (buf + (size_t)((b) / 8) * KSB_BUF + 512 * ((b) % 8)) /* sub-block b's B tile */
+#define KSC(b) ((const __m512i *)(buf + (size_t)((b) / 8) * KSB_BUF + 4096 + 64 * ((b) % 8)))
+#define KMN(sb, s) ((const float *)(buf + (size_t)(sb) * KSB_BUF + 4608 + 64 * (s)))
+#define KD(sb) ((const float *)(buf + (size_t)(sb) * KSB_BUF + 5120))
+#define KNDMIN(sb) ((const float *)(buf + (size_t)(sb) * KSB_BUF + 5184))
+
+static void fill_k(int type, uint8_t *buf, const uint8_t *w, size_t tile, int nsb, const uint8_t *next,
+                   size_t next_len) {
+    const size_t tb = type == SX_Q4_K ? SX_Q4K_TILE_BYTES : SX_Q5K_TILE_BYTES;
+    const __m512i m4 = _mm512_set1_epi8(0x0F), b4 = _mm512_set1_epi8(0x10);
+    const sx_pf pf = {next, nsb ? (next_len + nsb - 1) / nsb : 0, next_len};
+    for (int sb = 0; sb < nsb; sb++, w += tb) {
+        prefetch_share(&pf, sb);
+        uint8_t *dst = buf + (size_t)sb * KSB_BUF;
+#pragma GCC unroll 8
+        for (int s = 0; s < 8; s++) { /* unrolled: the shift counts become immediates */
+            for (int k = 0; k < 8; k++) {
+                const __m512i raw = ld2(w, tile, 160 + 256 * (s / 2) + 32 * k);
+                __m512i q = _mm512_and_si512(s & 1 ? _mm512_srli_epi16(raw, 4) : raw, m4);
+                if (type == SX_Q5_K) /* bit s of qh to bit 4 */
+                    q = _mm512_or_si512(q, _mm512_and_si512(shift16z(ld2(w, tile, SX_Q4K_TILE_BYTES + 32 * k), 4 - s), b4));
+                _mm512_store_si512((__m512i *)(dst + 512 * s + 64 * k), q);
+            }
+            _mm512_store_si512((__m512i *)(dst + 4096 + 64 * s), _mm512_cvtepu8_epi32(ld2x8(w, tile, 32 + 8 * s)));
+            _mm512_store_ps((float *)(dst + 4608 + 64 * s), _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(ld2x8(w, tile, 96 + 8 * s))));
+        }
+        _mm512_store_ps((float *)(dst + 5120), ld2ph(w, tile, 0));
+        _mm512_store_ps((float *)(dst + 5184), _mm512_sub_ps(_mm512_setzero_ps(), ld2ph(w, tile, 16)));
+    }
+}
+
+/* 16 activation rows from row c, all super-blocks, pipelined as rows_q4 (groups of 4 sub-blocks
+ * never straddle a super-block): out[16 k + i] = row c + k, weight row r + i. */
+static void rows_k(const uint8_t *buf, int nb, const sx_act *act, int c, float *out) {
+    const size_t a0 = (size_t)c * nb;
+    const sx_act_block *a = act->blocks + a0;
+    const float *ad = act->scales + a0, *xs = act->xsum + a0;
+    const long stride = (long)nb * (long)sizeof(sx_act_block);
+    int32_t sums[2][GROUP][16 * 16] __attribute__((aligned(64)));
+    __m512 sd[16]; /* the super-block's sums */
+#pragma GCC unroll 16
+    for (int k = 0; k < 16; k++) sd[k] = _mm512_setzero_ps(), _mm512_storeu_ps(out + 16 * k, sd[k]);
+    for (int b = 0, cur = 0; b <= nb; b += GROUP, cur ^= 1) {
+        if (b < nb) DOT_GROUP(b, KSRC, _tile_dpbsud, sums[cur]);
+        if (b == 0) continue;
+        const int p = b - GROUP; /* the previous group's first sub-block */
+        for (int j = 0; j < GROUP; j++) {
+            const __m512i sc = _mm512_load_si512(KSC(p + j));
+#pragma GCC unroll 16
+            for (int k = 0; k < 16; k++) {
+                const __m512i I = _mm512_mullo_epi32(_mm512_load_si512((const __m512i *)(sums[cur ^ 1][j] + 16 * k)), sc);
+                sd[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_set1_ps(ad[(size_t)k * nb + p + j]), sd[k]);
+            }
+        }
+        if ((p + GROUP) % 8) continue;
+        const int sb = p / 8; /* its super-block is complete: the mins, then the accumulators */
+        const __m512 d = _mm512_load_ps(KD(sb)), ndmin = _mm512_load_ps(KNDMIN(sb));
+#pragma GCC unroll 16
+        for (int k = 0; k < 16; k++) {
+            __m512 sm = _mm512_setzero_ps();
+            for (int s = 0; s < 8; s++) sm = _mm512_fmadd_ps(_mm512_load_ps(KMN(sb, s)), _mm512_set1_ps(xs[(size_t)k * nb + 8 * sb + s]), sm);
+            const __m512 o = _mm512_loadu_ps(out + 16 * k);
+            _mm512_storeu_ps(out + 16 * k, _mm512_fmadd_ps(ndmin, sm, _mm512_fmadd_ps(d, sd[k], o)));
+            sd[k] = _mm512_setzero_ps();
+        }
+    }
+}
+
+int sx_amx_rows(const sx_mat *w, int r, int n, const sx_act *act, float *y, int ys, int y0) {
+    const int nb = w->cols / SX_QK, q4 = w->type == SX_Q4_0;
+    if (!thread_setup(q4 ? (size_t)nb * BLOCK_BUF : (size_t)(nb / 8) * KSB_BUF)) return 0;
+    const int n_tiles = (w->rows + SX_TILE - 1) / SX_TILE, t = r / SX_TILE;
+    const size_t tile = sx_packed_bytes(w->type, SX_TILE, w->cols);
+    const uint8_t *wt = (const uint8_t *)w->data + (size_t)t * tile;
+    const int ahead = n_tiles - t - 2 < 2 ? n_tiles - t - 2 : 2; /* the next 16 rows' tiles */
+    const uint8_t *next = ahead > 0 ? wt + 2 * tile : NULL;
+    const size_t next_len = ahead > 0 ? (size_t)ahead * tile : 0;
+    uint8_t *buf = bbuf; /* once: a thread-local's every use in -fPIC code is a call */
+    if (q4) fill_b(buf, wt, tile, nb, next, next_len);
+    else fill_k(w->type, buf, wt, tile, nb / 8, next, next_len);
+    float out[16 * 16];
+    for (int c = 0; c < n; c += 16) {
+        if (q4) rows_q4(buf, nb, act, c, out);
+        else rows_k(buf, nb, act, c, out);
+        sx_store_rows(w, out, 16, r, 16, c, n - c < 16 ? n - c : 16, y, ys, y0);
+    }
+    return 1;
+}
+
+#else
+int sx_amx_enable(int on) {
+    (void)on;
+    return 0;
+}
+
+int sx_amx_active(void) { return 0; }
+#endif
