@@ -123,9 +123,9 @@ def prefer_eager_huge_pages() -> None:
 
 
 def amx() -> bool:
-    """SYSHAX_AMX: 'off' keeps the CPU kernels off Intel AMX; 'on' (default) runs the Q4_0,
-    Q4_K and Q5_K GEMMs of prompt chunks on it where the CPU and the kernels' build have it
-    (Sapphire Rapids and later, Linux >= 5.16). Results are the same bits either way."""
+    """SYSHAX_AMX: 'off' keeps the CPU kernels off Intel AMX; 'on' (default) runs the quantized
+    GEMMs of prompt chunks (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K) on it where the CPU and the kernels'
+    build have it (Sapphire Rapids and later, Linux >= 5.16). The same bits either way."""
     return (_choice("SYSHAX_AMX", ("on", "off")) or "on") == "on"
 
 

@@ -1,6 +1,8 @@
-/* Q4_0, Q4_K and Q5_K rows on Intel AMX (Sapphire Rapids and later) for GEMMs of 48 activation
- * rows or more (SX_AMX_MIN_ROWS, gemm.h): prompt chunks, where the 16-row VNNI tiles (tile16.c)
- * are bound by arithmetic, not by the weights. The K-quants are at the end of the file.
+/* Q4_0, Q4_1, Q8_0, Q4_K and Q5_K rows on Intel AMX (Sapphire Rapids and later) for GEMMs of
+ * 48 activation rows or more (SX_AMX_MIN_ROWS, gemm.h): prompt chunks, where the VNNI tiles
+ * (gemm.c, tile16.c) are bound by arithmetic, not by the weights. The Q4_0 path is described
+ * here; Q4_1 (unsigned quants, a min term) and Q8_0 (quants as stored) take the same one, the
+ * K-quants their own at the end of the file.
  *
  * The packed Q4_0 tiles (sx.h) are already AMX's B layout: a 32-byte chunk holds 4 quant bytes
  * of each of 8 rows, so the low nibbles of the same chunk of two adjacent tiles are one 64-byte
@@ -26,7 +28,7 @@
 
 #define ARCH_REQ_XCOMP_PERM 0x1023
 #define XFEATURE_XTILEDATA 18
-#define BLOCK_BUF 576 /* per block in the B buffer: 8 B-tile rows of 64 bytes, 16 float scales */
+#define BLOCK_BUF 640 /* per block in the B buffer: 8 B-tile rows of 64 bytes, 16 scales, 16 mins */
 
 static int amx_on; /* set by sx_amx_enable, before any step runs */
 
@@ -81,35 +83,48 @@ static int thread_setup(size_t bytes) {
     return bbuf != NULL;
 }
 
-/* Rows [r, r + 16) (two packed tiles, t and t + 1) -> the B buffer: per block the 8 B-tile rows
- * (chunk k's low nibbles = quants 4k..4k+3 -> row k, its high nibbles = quants 16+4k.. -> row
- * k + 4, the order of an sx_act_block's qs) and the 16 rows' scales as floats. */
-static void fill_b(uint8_t *bbuf, const uint8_t *w, size_t tile, int nb, const uint8_t *next, size_t next_len) {
-    const __m512i m4 = _mm512_set1_epi8(0x0F), eight = _mm512_set1_epi8(8);
+/* Rows [r, r + 16) (two packed tiles, t and t + 1) of a Q4_0, Q4_1 or Q8_0 matrix -> the B
+ * buffer: per block the 8 B-tile rows in the order of an sx_act_block's qs (Q4: chunk k's low
+ * nibbles = quants 4k..4k+3 -> row k, its high nibbles = quants 16+4k.. -> row k + 4; Q4_0's
+ * less 8, signed; Q4_1's unsigned. Q8_0: chunk k -> row k, as stored), the 16 rows' scales as
+ * floats and Q4_1's mins. */
+static void fill_b(int type, uint8_t *bbuf, const uint8_t *w, size_t tile, int nb, const uint8_t *next,
+                   size_t next_len) {
+    const size_t tb = sx_packed_bytes(type, SX_TILE, SX_QK);
+    const int qo = type == SX_Q4_1 ? 32 : 16; /* the quants' offset in a tile-block */
+    const __m512i m4 = _mm512_set1_epi8(0x0F), zero = _mm512_set1_epi8(type == SX_Q4_0 ? 8 : 0);
     const sx_pf pf = {next, nb ? (next_len + nb - 1) / nb : 0, next_len};
-    for (int b = 0; b < nb; b++, w += SX_Q4_TILE_BYTES) {
+    for (int b = 0; b < nb; b++, w += tb) {
         prefetch_share(&pf, b); /* the next 16 rows, spread over this pass (it reads DRAM once) */
         uint8_t *dst = bbuf + (size_t)b * BLOCK_BUF;
-        for (int k = 0; k < 4; k++) {
-            const __m512i raw = ld2(w, tile, 16 + 32 * k);
-            _mm512_store_si512((__m512i *)(dst + 64 * k), _mm512_sub_epi8(_mm512_and_si512(raw, m4), eight));
-            _mm512_store_si512((__m512i *)(dst + 64 * (k + 4)),
-                               _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(raw, 4), m4), eight));
-        }
+        if (type == SX_Q8_0)
+            for (int k = 0; k < 8; k++) _mm512_store_si512((__m512i *)(dst + 64 * k), ld2(w, tile, qo + 32 * k));
+        else
+            for (int k = 0; k < 4; k++) {
+                const __m512i raw = ld2(w, tile, qo + 32 * k);
+                _mm512_store_si512((__m512i *)(dst + 64 * k), _mm512_sub_epi8(_mm512_and_si512(raw, m4), zero));
+                _mm512_store_si512((__m512i *)(dst + 64 * (k + 4)),
+                                   _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(raw, 4), m4), zero));
+            }
         _mm512_store_ps((float *)(dst + 512), ld2ph(w, tile, 0));
+        if (type == SX_Q4_1) _mm512_store_ps((float *)(dst + 576), ld2ph(w, tile, 16));
     }
 }
 
-/* One block's sums (a tile stored at `sums`) into the 16 rows' accumulators, as tile_q4_x2 does:
- * acc += s x (dw x ad), s the block's exact sum with the zero point (tile_q4_x2 adds it as zq).
- * Rows past the batch's last compute garbage from the padding (gemm.h) and are not stored. */
-static inline __attribute__((always_inline)) void scale_block(int nb, int b, const int32_t *sums, const float *dws,
-                                                              const float *ad, __m512 *acc) {
-    const __m512 dw = _mm512_load_ps(dws);
+/* One block's sums (a tile stored at `sums`) into the 16 rows' accumulators, as tile_q4_x2 and
+ * tile_q do: acc += s x (dw x ad), s the block's exact sum (Q4_0: with the zero point, which the
+ * VNNI tiles add as zq; Q8_0: which they make with unsigned activations and a correction), then
+ * Q4_1's acc += m x xsum. Rows past the batch compute garbage from the padding (gemm.h) and are
+ * not stored. */
+static inline __attribute__((always_inline)) void scale_block(int with_min, int nb, int b, const int32_t *sums,
+                                                              const float *dws, const float *ad, const float *xs,
+                                                              __m512 *acc) {
+    const __m512 dw = _mm512_load_ps(dws), mw = with_min ? _mm512_load_ps(dws + 16) : dw;
 #pragma GCC unroll 16
     for (int k = 0; k < 16; k++) {
         const __m512i s = _mm512_load_si512((const __m512i *)(sums + 16 * k));
         acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, _mm512_set1_ps(ad[(size_t)k * nb + b])), acc[k]);
+        if (with_min) acc[k] = _mm512_fmadd_ps(mw, _mm512_set1_ps(xs[(size_t)k * nb + b]), acc[k]);
     }
 }
 
@@ -148,30 +163,44 @@ static inline __attribute__((always_inline)) void scale_block(int nb, int b, con
  * faster: two activation x two weight groups per block (each tile load feeding two TDPBSSDs,
  * accumulators in memory) 195-200; the same scaling 4 blocks per accumulator load 188; the
  * scaling in 256-bit halves 170. */
-static void rows_q4(const uint8_t *bbuf, int nb, const sx_act *act, int c, float *out) {
+static inline __attribute__((always_inline)) void rows_blocks(int type, const uint8_t *bbuf, int nb,
+                                                              const sx_act *act, int c, float *out) {
     const size_t a0 = (size_t)c * nb;
     const sx_act_block *a = act->blocks + a0;
-    const float *ad = act->scales + a0;
+    const float *ad = act->scales + a0, *xs = act->xsum + a0;
     const long stride = (long)nb * (long)sizeof(sx_act_block);
+    const int m = type == SX_Q4_1; /* Q4_1: unsigned quants (TDPBSUD) and a min term */
     int32_t sums[2][GROUP][16 * 16] __attribute__((aligned(64)));
     __m512 acc[16];
 #pragma GCC unroll 16
     for (int k = 0; k < 16; k++) acc[k] = _mm512_setzero_ps();
     int b = 0, cur = 0;
     for (; b + GROUP <= nb; b += GROUP, cur ^= 1) {
-        DOT_GROUP(b, BSRC, _tile_dpbssd, sums[cur]);
-        if (b > 0)
-            for (int j = 0; j < GROUP; j++) scale_block(nb, b - GROUP + j, sums[cur ^ 1][j], BSCALES(b - GROUP + j), ad, acc);
+        if (m) DOT_GROUP(b, BSRC, _tile_dpbsud, sums[cur]);
+        else DOT_GROUP(b, BSRC, _tile_dpbssd, sums[cur]);
+        for (int j = 0; b > 0 && j < GROUP; j++)
+            scale_block(m, nb, b - GROUP + j, sums[cur ^ 1][j], BSCALES(b - GROUP + j), ad, xs, acc);
     }
-    if (b > 0)
-        for (int j = 0; j < GROUP; j++) scale_block(nb, b - GROUP + j, sums[cur ^ 1][j], BSCALES(b - GROUP + j), ad, acc);
+    for (int j = 0; b > 0 && j < GROUP; j++)
+        scale_block(m, nb, b - GROUP + j, sums[cur ^ 1][j], BSCALES(b - GROUP + j), ad, xs, acc);
     for (; b < nb; b++) { /* the last nb % 4 blocks, in order after the groups */
-        DOT(T_C0, T_A0, T_B0, b, BSRC, _tile_dpbssd);
+        if (m) DOT(T_C0, T_A0, T_B0, b, BSRC, _tile_dpbsud);
+        else DOT(T_C0, T_A0, T_B0, b, BSRC, _tile_dpbssd);
         _tile_stored(T_C0, sums[0][0], 64);
-        scale_block(nb, b, sums[0][0], BSCALES(b), ad, acc);
+        scale_block(m, nb, b, sums[0][0], BSCALES(b), ad, xs, acc);
     }
 #pragma GCC unroll 16
     for (int k = 0; k < 16; k++) _mm512_storeu_ps(out + 16 * k, acc[k]);
+}
+
+static void rows_q4_0(const uint8_t *buf, int nb, const sx_act *act, int c, float *out) {
+    rows_blocks(SX_Q4_0, buf, nb, act, c, out);
+}
+static void rows_q4_1(const uint8_t *buf, int nb, const sx_act *act, int c, float *out) {
+    rows_blocks(SX_Q4_1, buf, nb, act, c, out);
+}
+static void rows_q8_0(const uint8_t *buf, int nb, const sx_act *act, int c, float *out) {
+    rows_blocks(SX_Q8_0, buf, nb, act, c, out);
 }
 
 /* ---- Q4_K and Q5_K ------------------------------------------------------------------------
@@ -213,7 +242,7 @@ static void fill_k(int type, uint8_t *buf, const uint8_t *w, size_t tile, int ns
     }
 }
 
-/* 16 activation rows from row c, all super-blocks, pipelined as rows_q4 (groups of 4 sub-blocks
+/* 16 activation rows from row c, all super-blocks, pipelined as rows_blocks (groups of 4 sub-blocks
  * never straddle a super-block): out[16 k + i] = row c + k, weight row r + i. */
 static void rows_k(const uint8_t *buf, int nb, const sx_act *act, int c, float *out) {
     const size_t a0 = (size_t)c * nb;
@@ -251,8 +280,8 @@ static void rows_k(const uint8_t *buf, int nb, const sx_act *act, int c, float *
 }
 
 int sx_amx_rows(const sx_mat *w, int r, int n, const sx_act *act, float *y, int ys, int y0) {
-    const int nb = w->cols / SX_QK, q4 = w->type == SX_Q4_0;
-    if (!thread_setup(q4 ? (size_t)nb * BLOCK_BUF : (size_t)(nb / 8) * KSB_BUF)) return 0;
+    const int nb = w->cols / SX_QK, kq = w->type == SX_Q4_K || w->type == SX_Q5_K;
+    if (!thread_setup(kq ? (size_t)(nb / 8) * KSB_BUF : (size_t)nb * BLOCK_BUF)) return 0;
     const int n_tiles = (w->rows + SX_TILE - 1) / SX_TILE, t = r / SX_TILE;
     const size_t tile = sx_packed_bytes(w->type, SX_TILE, w->cols);
     const uint8_t *wt = (const uint8_t *)w->data + (size_t)t * tile;
@@ -260,12 +289,13 @@ int sx_amx_rows(const sx_mat *w, int r, int n, const sx_act *act, float *y, int 
     const uint8_t *next = ahead > 0 ? wt + 2 * tile : NULL;
     const size_t next_len = ahead > 0 ? (size_t)ahead * tile : 0;
     uint8_t *buf = bbuf; /* once: a thread-local's every use in -fPIC code is a call */
-    if (q4) fill_b(buf, wt, tile, nb, next, next_len);
-    else fill_k(w->type, buf, wt, tile, nb / 8, next, next_len);
+    if (kq) fill_k(w->type, buf, wt, tile, nb / 8, next, next_len);
+    else fill_b(w->type, buf, wt, tile, nb, next, next_len);
+    void (*rows)(const uint8_t *, int, const sx_act *, int, float *) =
+        kq ? rows_k : w->type == SX_Q4_1 ? rows_q4_1 : w->type == SX_Q8_0 ? rows_q8_0 : rows_q4_0;
     float out[16 * 16];
     for (int c = 0; c < n; c += 16) {
-        if (q4) rows_q4(buf, nb, act, c, out);
-        else rows_k(buf, nb, act, c, out);
+        rows(buf, nb, act, c, out);
         sx_store_rows(w, out, 16, r, 16, c, n - c < 16 ? n - c : 16, y, ys, y0);
     }
     return 1;

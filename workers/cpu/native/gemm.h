@@ -149,8 +149,8 @@ SX_AI __m512i shift16z(__m512i x, int left) { /* 16-bit lanes by `left` (< 0: ri
 
 #if defined(SX_TILE16) && defined(__AMX_TILE__) && defined(__AMX_INT8__)
 #define SX_AMX 1
-/* amx.c: rows [r, r + 16) (two whole tiles) of a Q4_0, Q4_K or Q5_K matrix for all n
- * activation rows on AMX, the results bit for bit those of sx_x2_rows; 0 (nothing done) if the
+/* amx.c: rows [r, r + 16) (two whole tiles) of a Q4_0, Q4_1, Q8_0, Q4_K or Q5_K matrix for all
+ * n activation rows on AMX, the results bit for bit those of the VNNI tiles; 0 (nothing done) if the
  * thread's buffer could not be allocated. Only while sx_amx_active(), from SX_AMX_MIN_ROWS. */
 int sx_amx_rows(const sx_mat *w, int r, int n, const sx_act *act, float *y, int ys, int y0);
 /* Activation rows from which those GEMMs run on AMX; below, the VNNI tiles. Measured on a
