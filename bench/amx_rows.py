@@ -125,7 +125,10 @@ def main(argv: list[str] | None = None) -> None:
         "--shapes", default=",".join(SHAPES), help=f"gemm: matrices, of {', '.join(SHAPES)}"
     )
     p.add_argument(
-        "--type", choices=("q4_0", "q4_1", "q8_0", "q4_k", "q5_k"), default="q4_0", help="gemm: weight type"
+        "--type",
+        choices=("q4_0", "q4_1", "q8_0", "q4_k", "q5_k"),
+        default="q4_0",
+        help="gemm: weight type",
     )
     p.add_argument(
         "--model", type=Path, default=None, help="step: a GGUF (default: the padded SmolLM2)"
