@@ -6,6 +6,10 @@ under that and test the VNNI tiles. On a machine without AMX-INT8 these tests sk
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
+
 import pytest
 import torch
 from syshax.shared import env
@@ -90,3 +94,32 @@ def test_fused_step_with_amx_gives_the_same_logits(amx, tiny_models):
         fused.close()
     assert torch.isfinite(off).all()
     assert torch.equal(on, off)
+
+
+def test_amx_survives_other_code_releasing_the_tiles(amx):
+    """PyTorch's oneDNN runs bf16 matmuls on AMX on the same threads and ends them with
+    TILERELEASE: a kernel that loaded its tile shapes once per thread then raised SIGILL on the
+    next call (it killed a CI worker in `syshax eval perplexity`). In a child process, so that a
+    crash is this test's failure and not the whole run's. oneDNN's product stays the same too."""
+    script = textwrap.dedent(
+        """
+        import torch
+        from syshax.workers.cpu import lib
+        a = torch.randn(256, 256, dtype=torch.bfloat16)
+        product = a @ a  # oneDNN's AMX bf16 kernel where the CPU has it, before ours ran
+        assert lib.load().sx_amx_enable(1)
+        mat = lib.quant_mat(lib.Q4_0, lib.quantize(torch.randn(64, 256), lib.Q4_0), 64, 256)
+        x = torch.randn(64, 256)
+        first = [lib.gemm(mat, x, threads=t) for t in (1, 2)]
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            assert torch.equal(a @ a, product)  # and after: our tile shapes do not leak into it
+            assert all(torch.equal(lib.gemm(mat, x, threads=t), y) for t, y in zip((1, 2), first))
+        print("ok")
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().endswith("ok")

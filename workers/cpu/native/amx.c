@@ -60,21 +60,22 @@ typedef struct {
 #define T_B1 7
 #define GROUP 4 /* blocks per round of the C tiles */
 
-/* The thread's tile shapes, loaded once per thread: nothing else in the process uses tiles. */
-static __thread int tiles_ready;
 static __thread uint8_t *bbuf; /* this thread's unpacked weights (B tiles, scales) */
 static __thread size_t bbuf_bytes;
 
+/* Our tile shapes, loaded on every call where the thread's are not these. Not once per thread:
+ * other code on the same threads uses the tiles too and leaves them released or shaped its
+ * own way (PyTorch's oneDNN runs bf16 matmuls on AMX and ends with TILERELEASE; libgomp's pool
+ * is shared), and a tile instruction on released tiles raises SIGILL (tests/workers/cpu/
+ * test_amx.py). STTILECFG is cheap next to one call's work; LDTILECFG also zeroes the tiles. */
 static int thread_setup(size_t bytes) {
-    if (!tiles_ready) {
-        tile_config cfg = {0};
-        cfg.palette = 1;
-        for (int i = T_C0; i <= T_C3; i++) cfg.rows[i] = 16, cfg.colsb[i] = 64; /* 16 act rows x 16 sums */
-        for (int i = T_A0; i <= T_A1; i++) cfg.rows[i] = 16, cfg.colsb[i] = 32; /* 16 act rows x 32 quants */
-        for (int i = T_B0; i <= T_B1; i++) cfg.rows[i] = 8, cfg.colsb[i] = 64;  /* 8 x (16 weight rows x 4) */
-        _tile_loadconfig(&cfg);
-        tiles_ready = 1;
-    }
+    tile_config want = {0}, now;
+    want.palette = 1;
+    for (int i = T_C0; i <= T_C3; i++) want.rows[i] = 16, want.colsb[i] = 64; /* 16 act rows x 16 sums */
+    for (int i = T_A0; i <= T_A1; i++) want.rows[i] = 16, want.colsb[i] = 32; /* 16 act rows x 32 quants */
+    for (int i = T_B0; i <= T_B1; i++) want.rows[i] = 8, want.colsb[i] = 64;  /* 8 x (16 weight rows x 4) */
+    _tile_storeconfig(&now);
+    if (memcmp(&now, &want, sizeof want)) _tile_loadconfig(&want);
     if (bbuf_bytes < bytes) {
         free(bbuf);
         bbuf = (uint8_t *)aligned_alloc(64, bytes);
