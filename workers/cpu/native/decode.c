@@ -167,11 +167,11 @@ sx_ctx *sx_ctx_new(const sx_model *m, int max_batch, int n_threads, int nrc) {
     c->proj = zalloc(B * m->hidden * 4);
     c->gu = zalloc(B * 2 * m->inter * 4);
     c->h = zalloc(B * m->inter * 4);
-    const size_t hb = B * (m->inter / SX_QK);
-    c->down_act.blocks = zalloc((B + SX_ACT_PAD_ROWS) * (m->inter / SX_QK) * sizeof(sx_act_block));
-    c->down_act.scales = zalloc((B + SX_ACT_PAD_ROWS) * (m->inter / SX_QK) * 4);
+    const size_t hb = B * (m->inter / SX_QK), hb_pad = (B + SX_ACT_PAD_ROWS) * (m->inter / SX_QK);
+    c->down_act.blocks = zalloc(hb_pad * sizeof(sx_act_block));
+    c->down_act.scales = zalloc(hb_pad * 4);
     c->down_act.zq = zalloc(hb * 4);
-    c->down_act.xsum = zalloc((B + SX_ACT_PAD_ROWS) * (m->inter / SX_QK) * 4);
+    c->down_act.xsum = zalloc(hb_pad * 4);
     c->down_act.hsum = zalloc(hb * 8);
     c->down_act.x = c->h;
     c->ws = (sx_scratch *)calloc(c->nt, sizeof(sx_scratch));
@@ -186,13 +186,14 @@ sx_ctx *sx_ctx_new(const sx_model *m, int max_batch, int n_threads, int nrc) {
     ok = ok && c->prof;
 #endif
     for (int s = 0; ok && s < m->n_slots; s++) c->ident[s] = s;
+    const size_t kb = B * (c->kmax / SX_QK), kb_pad = (B + SX_ACT_PAD_ROWS) * (c->kmax / SX_QK);
     for (int t = 0; ok && t < c->nt; t++) {
         c->ws[t].xn = zalloc(B * c->kmax * 4);
-        c->ws[t].blocks = zalloc((B + SX_ACT_PAD_ROWS) * (c->kmax / SX_QK) * sizeof(sx_act_block));
-        c->ws[t].scales = zalloc((B + SX_ACT_PAD_ROWS) * (c->kmax / SX_QK) * 4);
-        c->ws[t].zq = zalloc(B * (c->kmax / SX_QK) * 4);
-        c->ws[t].xsum = zalloc((B + SX_ACT_PAD_ROWS) * (c->kmax / SX_QK) * 4);
-        c->ws[t].hsum = zalloc(B * (c->kmax / SX_QK) * 8);
+        c->ws[t].blocks = zalloc(kb_pad * sizeof(sx_act_block));
+        c->ws[t].scales = zalloc(kb_pad * 4);
+        c->ws[t].zq = zalloc(kb * 4);
+        c->ws[t].xsum = zalloc(kb_pad * 4);
+        c->ws[t].hsum = zalloc(kb * 8);
         c->ws[t].scores = zalloc(((size_t)(m->n_heads / m->n_kv_heads) * m->max_len + 2 * m->head_dim) * 4);
         c->ws[t].gu = zalloc(2 * B * STEAL_ROWS * 4);
         ok = c->ws[t].xn && c->ws[t].blocks && c->ws[t].scales && c->ws[t].zq && c->ws[t].xsum && c->ws[t].hsum &&

@@ -399,12 +399,12 @@ void sx_act_prepare_cols(const sx_mat *w, const float *x, int ldx, int r0, int n
 }
 
 void sx_gemm(const sx_mat *w, int n, const float *x, float *y, int n_threads, int nrc) {
-    const size_t nb = (size_t)n * (w->cols / SX_QK);
+    const size_t nb = (size_t)n * (w->cols / SX_QK), nb_pad = (size_t)(n + SX_ACT_PAD_ROWS) * (w->cols / SX_QK);
     sx_act act = {0};
-    act.blocks = (sx_act_block *)calloc(nb + SX_ACT_PAD_ROWS * (size_t)(w->cols / SX_QK), sizeof(sx_act_block));
-    act.scales = (float *)calloc(nb + SX_ACT_PAD_ROWS * (size_t)(w->cols / SX_QK), sizeof(float));
+    act.blocks = (sx_act_block *)calloc(nb_pad, sizeof(sx_act_block));
+    act.scales = (float *)calloc(nb_pad, sizeof(float));
     act.zq = (int32_t *)malloc(nb * sizeof(int32_t) + 4);
-    act.xsum = (float *)calloc(nb + SX_ACT_PAD_ROWS * (size_t)(w->cols / SX_QK), sizeof(float));
+    act.xsum = (float *)calloc(nb_pad, sizeof(float));
     act.hsum = (int32_t *)malloc(2 * nb * sizeof(int32_t) + 8);
     sx_act_prepare(w, x, n, &act);
 #pragma omp parallel num_threads(n_threads < 1 ? 1 : n_threads)
