@@ -5,7 +5,8 @@ Two things make naive per-token decoding wrong:
   character, and SentencePiece decoders treat the leading space of a sequence specially. So, as
   vLLM and TGI do, we decode a small window of ids twice, up to the last emitted token (prefix
   offset .. read offset) and up to the newest one, and emit the difference, unless the decoded
-  window ends in U+FFFD (an incomplete character: wait for the next token);
+  window ends in half a UTF-8 character (U+FFFD whose bytes a later token can complete: wait
+  for it; bytes that no token can make valid go out at once as U+FFFD);
 - stop strings can span tokens. We never emit text that might be the beginning of a stop string
   (the longest suffix of the pending text that is a prefix of some stop string is held back), so
   a stop string is always found whole in the held + new text, and never leaks to the client.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from .token_bytes import ends_incomplete
 from .tokenizer import Tokenizer
 
 _REPLACEMENT = "\ufffd"
@@ -54,13 +56,27 @@ class IncrementalDetokenizer:
         """Text of ids[read_offset:] not yet decoded; "" while it ends in half a character."""
         prefix_text = self._decode(self._ids[self._prefix_offset : self._read_offset])
         full_text = self._decode(self._ids[self._prefix_offset :])
-        if len(full_text) <= len(prefix_text) or (full_text.endswith(_REPLACEMENT) and not final):
+        if len(full_text) <= len(prefix_text) or (
+            not final and full_text.endswith(_REPLACEMENT) and self._may_complete()
+        ):
             # Nothing new (a skipped special token), or an incomplete UTF-8 sequence: keep the
             # window open so the next token completes it. At the end, release what there is.
             return ""
         # Slide the window: the text so far is settled; keep one-window look-back only.
         self._prefix_offset, self._read_offset = self._read_offset, len(self._ids)
         return full_text[len(prefix_text) :]
+
+    def _may_complete(self) -> bool:
+        """Whether the U+FFFD the window ends in is half a character that a later token can
+        complete, rather than bytes that are invalid whatever follows (sent at once, as
+        U+FFFD, as llama.cpp's server does). Without the token bytes: assume it may."""
+        token_bytes = self.tokenizer.token_bytes
+        if token_bytes is None:
+            return True
+        window = self._ids[self._prefix_offset :]
+        if self.skip_special_tokens:
+            window = [i for i in window if i not in self.tokenizer.special_token_ids]
+        return ends_incomplete(b"".join(token_bytes(i) for i in window[-4:]))
 
     def _emit(self, new_text: str, final: bool) -> str:
         """Apply stop strings to held + new text; return what may be sent now."""

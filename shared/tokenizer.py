@@ -24,6 +24,7 @@ from tokenizers import Tokenizer as Backend
 
 from .gguf_reader import GGUF_MAGIC, GGUFError, read_gguf_metadata
 from .gguf_tokenizer import build_backend, end_of_generation_ids, set_post_processor
+from .token_bytes import TokenBytes
 
 
 class TokenizerError(ValueError):
@@ -163,6 +164,7 @@ class Tokenizer:
         }
         self.bos_token = self.id_to_token(bos_token_id)
         self.eos_token = self.id_to_token(self.eos_token_id)
+        self._token_bytes: TokenBytes | None | bool = False  # False: not looked up yet
 
     @property
     def chat_template(self) -> str | None:
@@ -317,6 +319,13 @@ class Tokenizer:
 
     def token_to_id(self, token: str) -> int | None:
         return self.backend.token_to_id(token)
+
+    @property
+    def token_bytes(self) -> TokenBytes | None:
+        """id -> bytes, for the decoders whose bytes are known (None for any other)."""
+        if self._token_bytes is False:
+            self._token_bytes = TokenBytes.of(self.backend)
+        return self._token_bytes  # type: ignore[return-value]
 
     def convert_ids_to_tokens(self, ids: Sequence[int]) -> list[str]:
         return [self.backend.id_to_token(i) or "" for i in ids]

@@ -140,3 +140,37 @@ def test_sentencepiece_spaces_and_byte_fallback(tmp_path: Path) -> None:
     # After a prompt, the first generated "▁the" keeps its space: it continues the text.
     d = IncrementalDetokenizer(t, prompt_ids=t.encode("a"))
     assert "".join(stream(d, t.encode("the", add_special_tokens=False))) == " the"
+
+
+def _byte_token(tok: Tokenizer, byte: int) -> int:
+    """The byte-level BPE token of one raw byte (every byte is a base token of the vocabulary)."""
+    ids = [i for i in range(tok.vocab_size) if tok.token_bytes(i) == bytes([byte])]
+    assert ids, f"no single-byte token for {byte:#x}"
+    return ids[0]
+
+
+def test_invalid_bytes_are_sent_at_once_half_characters_held(tok: Tokenizer) -> None:
+    # A lone continuation byte can never become valid: it goes out as U+FFFD with its own
+    # token, as llama.cpp's server sends it, not a step later.
+    d = IncrementalDetokenizer(tok)
+    hi = tok.encode("Hi")
+    assert "".join(stream(d, hi)) == "Hi"
+    assert d.add(_byte_token(tok, 0x97)) == "\ufffd"
+    # The first byte of a 3-byte character waits for the rest; a token that does not continue
+    # it releases the invalid byte and its own text together.
+    assert d.add(_byte_token(tok, 0xE6)) == ""
+    assert d.add(tok.encode(" ok")[0]) == "\ufffd ok"
+    # Completed by the next tokens: held until whole, then the character itself.
+    assert stream(d, [_byte_token(tok, b) for b in "日".encode()]) == ["", "", "日"]
+    assert d.flush() == "" and d.text == "Hi\ufffd\ufffd ok日"
+
+
+def test_sentencepiece_byte_fallback_pieces_are_held_only_while_incomplete(tmp_path: Path) -> None:
+    t = _spm(tmp_path / "spm.gguf")
+    assert t.token_bytes is not None
+    piece = {b: t.token_to_id(f"<0x{b:02X}>") for b in (0xE7, 0x8C, 0xAB, 0xBF)}
+    d = IncrementalDetokenizer(t, prompt_ids=t.encode("a"))
+    assert stream(d, [piece[0xE7], piece[0x8C], piece[0xAB]]) == ["", "", "猫"]
+    assert d.add(t.token_to_id("▁a")) == " a"
+    assert d.add(piece[0xBF]) == "\ufffd"  # a lone continuation byte: sent at once
+    assert stream(d, [piece[0xE7], piece[0x8C]]) == ["", ""]  # half a character: held
