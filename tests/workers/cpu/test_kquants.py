@@ -274,3 +274,17 @@ def test_ctx_refuses_an_unreadable_embedding_type():
     qkv = lib.stack_mats(_qkv_parts())
     with pytest.raises(AssertionError):
         TinyModel(qkv, _gate_up(), random_blocks(lib.Q4_K, VOCAB, HIDDEN), 99)
+
+
+@pytest.mark.parametrize("qtype", GEMM_TYPES)
+def test_large_batches_unpack_once_and_compute_the_same_bits(qtype):
+    # 64 rows make 16 calls per 16-row pair of tiles: on AVX-512 VNNI machines the K-quants'
+    # weights are then unpacked once per pair into the thread's scratch (tile16.c,
+    # SX_X2_UNPACK); rows 1 to 64 must come out as each row alone and the scalar build give them.
+    rows, cols = 48, 768  # 3 super-blocks; 3 pairs of tiles, split over 2 threads
+    mat = mat_of(qtype, random_blocks(qtype, rows, cols, seed=11), rows, cols, torch.randn(rows))
+    x = torch.randn(64, cols)
+    y = lib.gemm(mat, x, threads=2)
+    assert torch.equal(y, lib.gemm(mat, x, threads=2, variant="portable"))
+    assert torch.equal(y[5:6], lib.gemm(mat, x[5:6], threads=1))
+    assert torch.equal(y, lib.gemm(mat, x, threads=1))

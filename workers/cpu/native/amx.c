@@ -60,15 +60,12 @@ typedef struct {
 #define T_B1 7
 #define GROUP 4 /* blocks per round of the C tiles */
 
-static __thread uint8_t *bbuf; /* this thread's unpacked weights (B tiles, scales) */
-static __thread size_t bbuf_bytes;
-
 /* Our tile shapes, loaded on every call where the thread's are not these. Not once per thread:
  * other code on the same threads uses the tiles too and leaves them released or shaped its
  * own way (PyTorch's oneDNN runs bf16 matmuls on AMX and ends with TILERELEASE; libgomp's pool
  * is shared), and a tile instruction on released tiles raises SIGILL (tests/workers/cpu/
  * test_amx.py). STTILECFG is cheap next to one call's work; LDTILECFG also zeroes the tiles. */
-static int thread_setup(size_t bytes) {
+static uint8_t *thread_setup(size_t bytes) { /* the unpacked weights' buffer (B tiles, scales) */
     tile_config want = {0}, now;
     want.palette = 1;
     for (int i = T_C0; i <= T_C3; i++) want.rows[i] = 16, want.colsb[i] = 64; /* 16 act rows x 16 sums */
@@ -76,12 +73,7 @@ static int thread_setup(size_t bytes) {
     for (int i = T_B0; i <= T_B1; i++) want.rows[i] = 8, want.colsb[i] = 64;  /* 8 x (16 weight rows x 4) */
     _tile_storeconfig(&now);
     if (memcmp(&now, &want, sizeof want)) _tile_loadconfig(&want);
-    if (bbuf_bytes < bytes) {
-        free(bbuf);
-        bbuf = (uint8_t *)aligned_alloc(64, bytes);
-        bbuf_bytes = bbuf ? bytes : 0;
-    }
-    return bbuf != NULL;
+    return sx_thread_scratch(bytes);
 }
 
 /* Rows [r, r + 16) (two packed tiles, t and t + 1) of a Q4_0, Q4_1 or Q8_0 matrix -> the B
@@ -282,14 +274,14 @@ static void rows_k(const uint8_t *buf, int nb, const sx_act *act, int c, float *
 
 int sx_amx_rows(const sx_mat *w, int r, int n, const sx_act *act, float *y, int ys, int y0) {
     const int nb = w->cols / SX_QK, kq = w->type == SX_Q4_K || w->type == SX_Q5_K;
-    if (!thread_setup(kq ? (size_t)(nb / 8) * KSB_BUF : (size_t)nb * BLOCK_BUF)) return 0;
+    uint8_t *buf = thread_setup(kq ? (size_t)(nb / 8) * KSB_BUF : (size_t)nb * BLOCK_BUF);
+    if (!buf) return 0;
     const int n_tiles = (w->rows + SX_TILE - 1) / SX_TILE, t = r / SX_TILE;
     const size_t tile = sx_packed_bytes(w->type, SX_TILE, w->cols);
     const uint8_t *wt = (const uint8_t *)w->data + (size_t)t * tile;
     const int ahead = n_tiles - t - 2 < 2 ? n_tiles - t - 2 : 2; /* the next 16 rows' tiles */
     const uint8_t *next = ahead > 0 ? wt + 2 * tile : NULL;
     const size_t next_len = ahead > 0 ? (size_t)ahead * tile : 0;
-    uint8_t *buf = bbuf; /* once: a thread-local's every use in -fPIC code is a call */
     if (kq) fill_k(w->type, buf, wt, tile, nb / 8, next, next_len);
     else fill_b(w->type, buf, wt, tile, nb, next, next_len);
     void (*rows)(const uint8_t *, int, const sx_act *, int, float *) =

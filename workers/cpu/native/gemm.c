@@ -27,6 +27,18 @@
 #define AI SX_AI
 #define CHUNK SX_CHUNK
 
+static __thread uint8_t *scratch;
+static __thread size_t scratch_bytes;
+
+uint8_t *sx_thread_scratch(size_t bytes) {
+    if (scratch_bytes < bytes) {
+        free(scratch);
+        scratch = (uint8_t *)aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+        scratch_bytes = scratch ? bytes : 0;
+    }
+    return scratch;
+}
+
 /* ---- quantized tiles ------------------------------------------------------------------- */
 
 #ifdef SX_AVX2

@@ -72,6 +72,12 @@ typedef void (*sx_qtile_fn)(const uint8_t *w, int nb, const sx_act *act, size_t 
 const sx_qtile_fn *sx_ktiles(int type);
 void sx_kquant_act(unsigned type_mask, int count, sx_act *act);
 
+/* This thread's scratch buffer of at least `bytes` (64-byte aligned; grown, never shrunk), for
+ * weights unpacked once per call and reused by every group of activation rows (amx.c, tile16.c:
+ * one call fills it before any read, so they share it). NULL when it cannot grow. Fetch it once
+ * per call: every use of a thread-local in -fPIC code is a call to __tls_get_addr. */
+uint8_t *sx_thread_scratch(size_t bytes);
+
 /* Activation rows of the next tile call over `left` rows: 1, 2 or 4, at most cmax. */
 SX_AI int sx_group_rows(int cmax, int left) {
     int C = 1;
@@ -105,6 +111,11 @@ void sx_x2_rows(const sx_mat *w, int r, int n, int cmax, int passes, const sx_ac
  * 16-row tile (gemm.c): 16384 x 576 at 4 rows 5.3 -> 4.8 ms; the padded SmolLM2's step of 4
  * rows of one sequence (bench/spec_rows.py, four alternating runs) 23.5-24.8 -> 21.9-23.4 ms. */
 #define SX_X2_PF 16384
+/* Calls over one pair of K-quant tiles from which their quants are unpacked once into the
+ * thread's scratch, not in every call (tile16.c) */
+#ifndef SX_X2_UNPACK
+#define SX_X2_UNPACK 8
+#endif
 /* Activation rows per call of the 16-row Q4_0 tile at most: 8 from batches of 8 on (tile16.c) */
 #define SX_X2_MAXC 8
 

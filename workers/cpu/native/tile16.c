@@ -73,31 +73,64 @@ SX_AI void tile_q4_x2(int C, const uint8_t *w, size_t tile, int nb, const sx_act
 
 /* Q4_K and Q5_K over two tiles: kquant.c's tile_k (VNNI) in 16 lanes, the same integer sums
  * (Q5_K: bit s of qh as bit 4 of sub-block s's quants), scale products and fused multiply-adds
- * in the same order per row. */
-SX_AI void tile_qk_x2(int type, int C, const uint8_t *w, size_t tile, int nb, const sx_act *act, size_t a0,
-                      float *out, const sx_pf *pf) {
+ * in the same order per row.
+ *
+ * Unpacking the quants (a shift, an AND, Q5_K's fifth bit) costs as much as a third of the
+ * VPDPBUSDs they feed at 4 activation rows a call, and a batch of n rows makes n / 4 calls over
+ * the same tiles. So where there are several calls, the two tiles are unpacked ONCE into this
+ * thread's scratch (qk_unpack: per super-block the 64 quant vectors, the 8 sub-block scales,
+ * the 8 mins as floats, d and -dmin) and every call reads the vectors from there (pre != NULL):
+ * the same values, so the same sums and results. */
+#define QK_VECS 82 /* vectors per super-block in the scratch: 64 quants, 8 scales, 8 mins, d, -dmin */
+
+SX_AI __m512i qk_quants(int type, const uint8_t *w, size_t tile, int s, int k) { /* sub-block s, chunk k */
+    const __m512i m4 = _mm512_set1_epi8(0x0F), b4 = _mm512_set1_epi8(0x10);
+    const __m512i raw = ld2(w, tile, 160 + 256 * (s / 2) + 32 * k);
+    __m512i q = _mm512_and_si512(s & 1 ? _mm512_srli_epi16(raw, 4) : raw, m4);
+    if (type == SX_Q5_K) {
+        const __m512i qh = ld2(w, tile, SX_Q4K_TILE_BYTES + 32 * k);
+        q = _mm512_or_si512(q, _mm512_and_si512(shift16z(qh, 4 - s), b4));
+    }
+    return q;
+}
+SX_AI __m512i qk_scales(const uint8_t *w, size_t tile, int s) { return _mm512_cvtepu8_epi32(ld2x8(w, tile, 32 + 8 * s)); }
+SX_AI __m512 qk_mins(const uint8_t *w, size_t tile, int s) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(ld2x8(w, tile, 96 + 8 * s)));
+}
+SX_AI __m512 qk_ndmin(const uint8_t *w, size_t tile) { return _mm512_sub_ps(_mm512_setzero_ps(), ld2ph(w, tile, 16)); }
+
+static void qk_unpack(int type, const uint8_t *w, size_t tile, int nsb, __m512i *buf, const sx_pf *pf) {
+    const size_t tb = type == SX_Q4_K ? SX_Q4K_TILE_BYTES : SX_Q5K_TILE_BYTES;
+    for (int sb = 0; sb < nsb; sb++, w += tb, buf += QK_VECS) {
+        prefetch_share(pf, sb);
+#pragma GCC unroll 8
+        for (int s = 0; s < 8; s++) {
+            for (int k = 0; k < 8; k++) _mm512_store_si512(buf + 8 * s + k, qk_quants(type, w, tile, s, k));
+            _mm512_store_si512(buf + 64 + s, qk_scales(w, tile, s));
+            _mm512_store_ps(buf + 72 + s, qk_mins(w, tile, s));
+        }
+        _mm512_store_ps(buf + 80, ld2ph(w, tile, 0));
+        _mm512_store_ps(buf + 81, qk_ndmin(w, tile));
+    }
+}
+
+SX_AI void tile_qk_x2(int type, int C, const uint8_t *w, size_t tile, const __m512i *pre, int nb, const sx_act *act,
+                      size_t a0, float *out, const sx_pf *pf) {
     const size_t tb = type == SX_Q4_K ? SX_Q4K_TILE_BYTES : SX_Q5K_TILE_BYTES;
     const sx_act_block *a = act->blocks + a0;
     const float *ad = act->scales + a0, *xs = act->xsum + a0;
-    const __m512i m4 = _mm512_set1_epi8(0x0F), b4 = _mm512_set1_epi8(0x10);
     __m512 acc[SX_MAXC];
     for (int c = 0; c < C; c++) acc[c] = _mm512_setzero_ps();
     for (int sb = 0; sb < nb / 8; sb++, w += tb) {
+        const __m512i *p = pre ? pre + (size_t)sb * QK_VECS : NULL;
         prefetch_share(pf, sb);
         __m512 sd[SX_MAXC], sm[SX_MAXC];
         for (int c = 0; c < C; c++) sd[c] = sm[c] = _mm512_setzero_ps();
 #pragma GCC unroll 8
         for (int s = 0; s < 8; s++) { /* unrolled: the shift becomes an immediate or goes */
             __m512i q[8];
-            for (int k = 0; k < 8; k++) {
-                const __m512i raw = ld2(w, tile, 160 + 256 * (s / 2) + 32 * k);
-                q[k] = _mm512_and_si512(s & 1 ? _mm512_srli_epi16(raw, 4) : raw, m4);
-                if (type == SX_Q5_K) {
-                    const __m512i qh = ld2(w, tile, SX_Q4K_TILE_BYTES + 32 * k);
-                    q[k] = _mm512_or_si512(q[k], _mm512_and_si512(shift16z(qh, 4 - s), b4));
-                }
-            }
-            const __m512i sc = _mm512_cvtepu8_epi32(ld2x8(w, tile, 32 + 8 * s));
+            for (int k = 0; k < 8; k++) q[k] = p ? _mm512_load_si512(p + 8 * s + k) : qk_quants(type, w, tile, s, k);
+            const __m512i sc = p ? _mm512_load_si512(p + 64 + s) : qk_scales(w, tile, s);
             __m512i s0[SX_MAXC], s1[SX_MAXC];
             for (int c = 0; c < C; c++) s0[c] = s1[c] = _mm512_setzero_si512();
             for (int k = 0; k < 8; k += 2)
@@ -112,26 +145,58 @@ SX_AI void tile_qk_x2(int type, int C, const uint8_t *w, size_t tile, int nb, co
             }
         }
         for (int s = 0; s < 8; s++) { /* the mins, each converted once for all C rows */
-            const __m512 mn = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(ld2x8(w, tile, 96 + 8 * s)));
+            const __m512 mn = p ? _mm512_load_ps(p + 72 + s) : qk_mins(w, tile, s);
             for (int c = 0; c < C; c++) sm[c] = _mm512_fmadd_ps(mn, _mm512_set1_ps(xs[(size_t)c * nb + 8 * sb + s]), sm[c]);
         }
-        const __m512 d = ld2ph(w, tile, 0), ndmin = _mm512_sub_ps(_mm512_setzero_ps(), ld2ph(w, tile, 16));
+        const __m512 d = p ? _mm512_load_ps(p + 80) : ld2ph(w, tile, 0), ndmin = p ? _mm512_load_ps(p + 81) : qk_ndmin(w, tile);
         for (int c = 0; c < C; c++) acc[c] = _mm512_fmadd_ps(ndmin, sm[c], _mm512_fmadd_ps(d, sd[c], acc[c]));
     }
     for (int c = 0; c < C; c++) _mm512_storeu_ps(out + 16 * c, acc[c]);
 }
 
 /* Q6_K over two tiles: kquant.c's tile_k6 (VNNI) in 16 lanes, the same integer sums, scale
- * products and fused multiply-adds in the same order per row. */
-SX_AI void tile_q6k_x2(int C, const uint8_t *w, size_t tile, int nb, const sx_act *act, size_t a0, float *out,
-                       const sx_pf *pf) {
+ * products and fused multiply-adds in the same order per row. Its unpack (low and high bits,
+ * two shifts, two ANDs, an OR per vector) outweighs the VPDPBUSDs it feeds at 4 rows a call,
+ * so several calls read it from the scratch as the Q4_K tile does (q6k_unpack: per super-block
+ * the 64 quant vectors, then per 32-column block the low and high 16-column scales, then d). */
+#define Q6K_VECS 81 /* vectors per super-block in the scratch: 64 quants, 16 scales, d */
+
+SX_AI __m512i q6k_quants(const uint8_t *w, size_t tile, int b, int half, int k) {
+    const int h = b / 4, t = b % 4, g = 2 * h + t % 2, o = 32 * (4 * half + k);
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+    const __m512i ql = ld2(w, tile, 144 + 256 * g + o), qh = ld2(w, tile, 1168 + 256 * h + o);
+    const __m512i nib = _mm512_and_si512(t < 2 ? ql : _mm512_srli_epi16(ql, 4), m4);
+    return _mm512_or_si512(nib, _mm512_and_si512(shift16z(qh, 4 - 2 * t), m30));
+}
+SX_AI void q6k_scales(const uint8_t *w, size_t tile, int b, __m512i *sl, __m512i *sh) { /* block b's two halves */
+    const __m512i sc16 = _mm512_cvtepi8_epi16(_mm256_inserti128_si256(
+        _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(w + 16 + 16 * b))),
+        _mm_loadu_si128((const __m128i *)(w + tile + 16 + 16 * b)), 1));
+    *sl = _mm512_srai_epi32(_mm512_slli_epi32(sc16, 16), 16), *sh = _mm512_srai_epi32(sc16, 16);
+}
+
+static void q6k_unpack(const uint8_t *w, size_t tile, int nsb, __m512i *buf, const sx_pf *pf) {
+    for (int sb = 0; sb < nsb; sb++, w += SX_Q6K_TILE_BYTES, buf += Q6K_VECS) {
+        prefetch_share(pf, sb);
+#pragma GCC unroll 8
+        for (int b = 0; b < 8; b++) {
+            for (int half = 0; half < 2; half++)
+                for (int k = 0; k < 4; k++) _mm512_store_si512(buf + 8 * b + 4 * half + k, q6k_quants(w, tile, b, half, k));
+            q6k_scales(w, tile, b, buf + 64 + 2 * b, buf + 65 + 2 * b);
+        }
+        _mm512_store_ps(buf + 80, ld2ph(w, tile, 0));
+    }
+}
+
+SX_AI void tile_q6k_x2(int C, const uint8_t *w, size_t tile, const __m512i *pre, int nb, const sx_act *act, size_t a0,
+                       float *out, const sx_pf *pf) {
     const sx_act_block *a = act->blocks + a0;
     const float *ad = act->scales + a0;
     const int32_t *hs = act->hsum + 2 * a0;
-    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
     __m512 acc[SX_MAXC];
     for (int c = 0; c < C; c++) acc[c] = _mm512_setzero_ps();
     for (int sb = 0; sb < nb / 8; sb++, w += SX_Q6K_TILE_BYTES) {
+        const __m512i *p = pre ? pre + (size_t)sb * Q6K_VECS : NULL;
         prefetch_share(pf, sb);
         __m512 sd[SX_MAXC];
         for (int c = 0; c < C; c++) sd[c] = _mm512_setzero_ps();
@@ -139,21 +204,15 @@ SX_AI void tile_q6k_x2(int C, const uint8_t *w, size_t tile, int nb, const sx_ac
          * tile_k6: 16 lanes of everything spill at 8 (80 -> 98 GMAC/s per core at batch 16) */
 #pragma GCC unroll 4
         for (int b = 0; b < 8; b++) {
-            const int h = b / 4, t = b % 4, g = 2 * h + t % 2;
-            const __m512i sc16 = _mm512_cvtepi8_epi16(_mm256_inserti128_si256(
-                _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(w + 16 + 16 * b))),
-                _mm_loadu_si128((const __m128i *)(w + tile + 16 + 16 * b)), 1));
-            const __m512i sl = _mm512_srai_epi32(_mm512_slli_epi32(sc16, 16), 16), sh = _mm512_srai_epi32(sc16, 16);
+            __m512i sl, sh;
+            if (p) sl = _mm512_load_si512(p + 64 + 2 * b), sh = _mm512_load_si512(p + 65 + 2 * b);
+            else q6k_scales(w, tile, b, &sl, &sh);
             __m512i I[SX_MAXC];
 #pragma GCC unroll 2
             for (int half = 0; half < 2; half++) {
                 __m512i q[4];
-                for (int k = 0; k < 4; k++) {
-                    const int o = 32 * (4 * half + k);
-                    const __m512i ql = ld2(w, tile, 144 + 256 * g + o), qh = ld2(w, tile, 1168 + 256 * h + o);
-                    const __m512i nib = _mm512_and_si512(t < 2 ? ql : _mm512_srli_epi16(ql, 4), m4);
-                    q[k] = _mm512_or_si512(nib, _mm512_and_si512(shift16z(qh, 4 - 2 * t), m30));
-                }
+                for (int k = 0; k < 4; k++)
+                    q[k] = p ? _mm512_load_si512(p + 8 * b + 4 * half + k) : q6k_quants(w, tile, b, half, k);
                 __m512i s0[SX_MAXC];
                 for (int c = 0; c < C; c++) s0[c] = _mm512_set1_epi32(hs[2 * ((size_t)c * nb + 8 * sb + b) + half]);
                 for (int k = 0; k < 4; k++)
@@ -167,16 +226,37 @@ SX_AI void tile_q6k_x2(int C, const uint8_t *w, size_t tile, int nb, const sx_ac
             for (int c = 0; c < C; c++)
                 sd[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I[c]), _mm512_set1_ps(ad[(size_t)c * nb + 8 * sb + b]), sd[c]);
         }
-        const __m512 d = ld2ph(w, tile, 0);
+        const __m512 d = p ? _mm512_load_ps(p + 80) : ld2ph(w, tile, 0);
         for (int c = 0; c < C; c++) acc[c] = _mm512_fmadd_ps(d, sd[c], acc[c]);
     }
     for (int c = 0; c < C; c++) _mm512_storeu_ps(out + 16 * c, acc[c]);
 }
 
-/* Rows [r, r + 16) (two whole tiles) of a Q4_0, Q4_K, Q5_K or Q6_K matrix for all n activation rows, in
- * `passes` calls, each prefetching its share of 16 later rows' tiles, the first such at least
- * SX_X2_PF bytes on (they may lie past this thread's chunk: it claims the next chunk next;
- * never past the matrix). */
+/* One call on K-quant tiles already unpacked into the scratch (pre, never NULL here: the tiles'
+ * other path compiles away). */
+static void x2_unpacked(int type, int C, const uint8_t *wt, const __m512i *pre, int nb, const sx_act *act, size_t o,
+                        float *out, const sx_pf *pf) {
+    if (!pre) __builtin_unreachable();
+    if (type == SX_Q6_K) {
+        if (C == 4) tile_q6k_x2(4, wt, 0, pre, nb, act, o, out, pf);
+        else if (C == 2) tile_q6k_x2(2, wt, 0, pre, nb, act, o, out, pf);
+        else tile_q6k_x2(1, wt, 0, pre, nb, act, o, out, pf);
+    } else if (type == SX_Q4_K) {
+        if (C == 4) tile_qk_x2(SX_Q4_K, 4, wt, 0, pre, nb, act, o, out, pf);
+        else if (C == 2) tile_qk_x2(SX_Q4_K, 2, wt, 0, pre, nb, act, o, out, pf);
+        else tile_qk_x2(SX_Q4_K, 1, wt, 0, pre, nb, act, o, out, pf);
+    } else {
+        if (C == 4) tile_qk_x2(SX_Q5_K, 4, wt, 0, pre, nb, act, o, out, pf);
+        else if (C == 2) tile_qk_x2(SX_Q5_K, 2, wt, 0, pre, nb, act, o, out, pf);
+        else tile_qk_x2(SX_Q5_K, 1, wt, 0, pre, nb, act, o, out, pf);
+    }
+}
+
+/* Rows [r, r + 16) (two whole tiles) of a Q4_0, Q4_K, Q5_K or Q6_K matrix for all n activation
+ * rows, in `passes` calls, each prefetching its share of 16 later rows' tiles, the first such at
+ * least SX_X2_PF bytes on (they may lie past this thread's chunk: it claims the next chunk next;
+ * never past the matrix). K-quants over SX_X2_UNPACK calls or more are unpacked once into the
+ * scratch first. */
 void sx_x2_rows(const sx_mat *w, int r, int n, int cmax, int passes, const sx_act *act, float *y, int ys, int y0) {
     const int nb = w->cols / SX_QK, units = w->type == SX_Q4_0 ? nb : nb / 8;
     const int n_tiles = (w->rows + SX_TILE - 1) / SX_TILE, t = r / SX_TILE;
@@ -184,25 +264,43 @@ void sx_x2_rows(const sx_mat *w, int r, int n, int cmax, int passes, const sx_ac
     const uint8_t *wt = (const uint8_t *)w->data + (size_t)t * tile;
     const int skip = (int)(SX_X2_PF / (2 * tile)); /* 16-row chunks between this and the prefetched */
     const int ahead = n_tiles - t - 2 * (skip + 1) < 2 ? n_tiles - t - 2 * (skip + 1) : 2;
-    const size_t len = ahead > 0 ? (size_t)ahead * tile : 0, per = (size_t)units * passes, step = (len + per - 1) / per;
+    const size_t len = ahead > 0 ? (size_t)ahead * tile : 0;
+    const uint8_t *next = len ? wt + 2 * tile * (skip + 1) : NULL;
+    __m512i *pre = NULL;
+    if (w->type != SX_Q4_0 && passes >= SX_X2_UNPACK) {
+        const size_t vecs = w->type == SX_Q6_K ? Q6K_VECS : QK_VECS;
+        pre = (__m512i *)sx_thread_scratch((size_t)units * vecs * sizeof(__m512i));
+    }
+    /* The unpack is one more pass over the units: it takes its share of the prefetches as the
+     * first call, the calls theirs after it (all of them in the unpack made the stream bursty:
+     * decode steps of 16 rows ran 10-20% slower). */
+    const int first = pre != NULL;
+    const size_t per = (size_t)units * (passes + first), step = (len + per - 1) / per;
+    if (pre) {
+        const sx_pf pf = {next, step, len};
+        if (w->type == SX_Q6_K) q6k_unpack(wt, tile, units, pre, &pf);
+        else qk_unpack(w->type, wt, tile, units, pre, &pf);
+    }
     float out[SX_X2_MAXC * 2 * SX_TILE];
-    for (int c = 0, j = 0; c < n; j++) {
+    for (int c = 0, j = first; c < n; j++) {
         const int C = sx_group_rows(cmax, n - c);
         const size_t done = (size_t)j * units * step; /* what the earlier calls prefetched */
-        const sx_pf pf = {len > done ? wt + 2 * tile * (skip + 1) + done : NULL, step, len > done ? len - done : 0};
+        const sx_pf pf = {len > done ? next + done : NULL, step, len > done ? len - done : 0};
         const size_t o = (size_t)c * nb;
-        if (w->type == SX_Q6_K) {
-            if (C == 4) tile_q6k_x2(4, wt, tile, nb, act, o, out, &pf);
-            else if (C == 2) tile_q6k_x2(2, wt, tile, nb, act, o, out, &pf);
-            else tile_q6k_x2(1, wt, tile, nb, act, o, out, &pf);
+        if (pre) {
+            x2_unpacked(w->type, C, wt, pre, nb, act, o, out, &pf);
+        } else if (w->type == SX_Q6_K) {
+            if (C == 4) tile_q6k_x2(4, wt, tile, NULL, nb, act, o, out, &pf);
+            else if (C == 2) tile_q6k_x2(2, wt, tile, NULL, nb, act, o, out, &pf);
+            else tile_q6k_x2(1, wt, tile, NULL, nb, act, o, out, &pf);
         } else if (w->type == SX_Q4_K) {
-            if (C == 4) tile_qk_x2(SX_Q4_K, 4, wt, tile, nb, act, o, out, &pf);
-            else if (C == 2) tile_qk_x2(SX_Q4_K, 2, wt, tile, nb, act, o, out, &pf);
-            else tile_qk_x2(SX_Q4_K, 1, wt, tile, nb, act, o, out, &pf);
+            if (C == 4) tile_qk_x2(SX_Q4_K, 4, wt, tile, NULL, nb, act, o, out, &pf);
+            else if (C == 2) tile_qk_x2(SX_Q4_K, 2, wt, tile, NULL, nb, act, o, out, &pf);
+            else tile_qk_x2(SX_Q4_K, 1, wt, tile, NULL, nb, act, o, out, &pf);
         } else if (w->type == SX_Q5_K) {
-            if (C == 4) tile_qk_x2(SX_Q5_K, 4, wt, tile, nb, act, o, out, &pf);
-            else if (C == 2) tile_qk_x2(SX_Q5_K, 2, wt, tile, nb, act, o, out, &pf);
-            else tile_qk_x2(SX_Q5_K, 1, wt, tile, nb, act, o, out, &pf);
+            if (C == 4) tile_qk_x2(SX_Q5_K, 4, wt, tile, NULL, nb, act, o, out, &pf);
+            else if (C == 2) tile_qk_x2(SX_Q5_K, 2, wt, tile, NULL, nb, act, o, out, &pf);
+            else tile_qk_x2(SX_Q5_K, 1, wt, tile, NULL, nb, act, o, out, &pf);
         } else {
             if (C == 8) tile_q4_x2(8, wt, tile, nb, act, o, out, &pf);
             else if (C == 4) tile_q4_x2(4, wt, tile, nb, act, o, out, &pf);
