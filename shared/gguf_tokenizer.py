@@ -47,7 +47,7 @@ _PRE_FAMILY = {
 }
 
 
-def _byte_map() -> dict[int, str]:
+def byte_map() -> dict[int, str]:
     """GPT-2's byte -> printable character map, the alphabet byte-level BPE vocabularies use."""
     bs = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), 256)]
     cs = list(bs)
@@ -156,15 +156,15 @@ def _byte_level_bpe(
     meta: Mapping[str, Any], where: str, tokens: list[str], types: list[int]
 ) -> tuple[Backend, bool]:
     """tokenizer.ggml.model gpt2: byte-level BPE (Llama 3, Qwen, SmolLM)."""
-    byte_map = _byte_map()
-    alphabet = set(byte_map.values())
+    chars = byte_map()
+    alphabet = set(chars.values())
     added = {_CONTROL, _USER_DEFINED, _UNKNOWN}
     # Normal tokens are spelled in the byte alphabet; respell the rare one that is not. Control
     # and user-defined tokens stay raw: they are matched on raw text as added tokens.
     vocab: dict[str, int] = {}
     for i, (tok, kind_i) in enumerate(zip(tokens, types, strict=True)):
         if kind_i not in added and not set(tok) <= alphabet:
-            tok = "".join(byte_map[b] for b in tok.encode("utf-8"))
+            tok = "".join(chars[b] for b in tok.encode("utf-8"))
         vocab.setdefault(tok, i)  # a duplicate text keeps its first id, as llama.cpp does
     merges = meta.get("tokenizer.ggml.merges")
     if not merges:

@@ -18,20 +18,9 @@ import json
 import re
 from typing import Any
 
+from .gguf_tokenizer import byte_map
+
 _BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
-
-
-def _byte_level_table() -> dict[str, int]:
-    """GPT-2's byte <-> printable character table, inverted: character -> byte."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1)]
-    printable += range(ord("®"), ord("ÿ") + 1)
-    table = {chr(b): b for b in printable}
-    shifted = 0
-    for b in range(256):
-        if b not in printable:
-            table[chr(256 + shifted)] = b
-            shifted += 1
-    return table
 
 
 def _decoder_kind(decoder: Any) -> str | None:
@@ -55,7 +44,7 @@ class TokenBytes:
     def __init__(self, backend: Any, kind: str) -> None:
         self._backend = backend
         self._kind = kind
-        self._table = _byte_level_table() if kind == "byte_level" else {}
+        self._table = {c: b for b, c in byte_map().items()} if kind == "byte_level" else {}
         # Added tokens (specials, user-added words) are stored as plain text, not encoded.
         self._added = {i: t.content for i, t in backend.get_added_tokens_decoder().items()}
         self._cache: dict[int, bytes] = {}

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from syshax.shared.gguf_tokenizer import _byte_map
+from syshax.shared.gguf_tokenizer import byte_map
 from syshax.shared.weights_digest import LINEAGE_FILE, folder_digest, weights_digest
 from syshax.workers.engine import hf_weights
 from syshax.workers.engine.errors import ExportError, ModelLoadError
@@ -21,7 +21,7 @@ from syshax.workers.engine.hf_export import export_hf, parse_size, plan_shards
 from .test_gguf_weights import META, _layer, _rand, _write
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-TOKENS = SPECIALS + sorted(_byte_map().values()) + ["Ġt"]
+TOKENS = SPECIALS + sorted(byte_map().values()) + ["Ġt"]
 TEMPLATE = "{% for m in messages %}<|im_start|>{{ m['content'] }}<|im_end|>{% endfor %}"
 
 
