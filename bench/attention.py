@@ -32,7 +32,9 @@ def main() -> None:
     p.add_argument(
         "--layers", type=int, default=16, help="layers, each with its cache (default 16)"
     )
-    p.add_argument("--kv", choices=("float16", "float32"), default="float16", help="cache type")
+    p.add_argument(
+        "--kv", choices=("float16", "float32", "q8_0"), default="float16", help="cache type"
+    )
     p.add_argument("--resident", action="store_true", help="one layer's cache, reused")
     p.add_argument("--repeats", type=int, default=20, help="timed passes (default 20)")
     p.add_argument("--variant", choices=("native", "portable"), default="native")
@@ -42,18 +44,22 @@ def main() -> None:
     torch.set_num_threads(1)
     g, h, d, ctx = a.groups, a.heads, a.head_dim, a.context
     blocks = ctx // BS + 2
-    dtype = getattr(torch, a.kv)
     layers = 1 if a.resident else a.layers
-    caches = [
-        (torch.randn(blocks, g, BS, d).to(dtype), torch.randn(blocks, g, BS, d).to(dtype))
-        for _ in range(layers)
-    ]
+
+    def cache() -> torch.Tensor:
+        x = torch.randn(blocks, g, BS, d)
+        if a.kv != "q8_0":
+            return x.to(getattr(torch, a.kv))
+        rows = lib.quantize(x.reshape(-1, d), lib.Q8_0)  # rows of Q8_0 blocks, as the cache
+        return rows.reshape(blocks, g, BS, rows.shape[1])
+
+    caches = [(cache(), cache()) for _ in range(layers)]
     table = torch.randperm(blocks).to(torch.int32)
     q, out = torch.randn(g, h, d), torch.empty(g, h, d)
     kn, vn, scores = torch.randn(d), torch.randn(d), torch.empty(h, ctx + 1)
 
     args = [(q[i].data_ptr(), out[i].data_ptr(), i * BS * d) for i in range(g)]
-    f16, scale = int(dtype == torch.float16), 1 / math.sqrt(d)
+    kind, scale = lib.kv_type_of(caches[0][0].dtype), 1 / math.sqrt(d)
     tp, knp, vnp, sp = table.data_ptr(), kn.data_ptr(), vn.data_ptr(), scores.data_ptr()
 
     def layer(k: torch.Tensor, v: torch.Tensor) -> None:
@@ -64,7 +70,7 @@ def main() -> None:
                 h,
                 kp,
                 vp,
-                f16,
+                kind,
                 tp,
                 BS,
                 g * BS * d,

@@ -35,6 +35,7 @@ VllmDType = Literal["auto", "bfloat16", "float16", "float32"]
 # Where decodes run: auto = the dispatcher decides per request; xpu / cpu force a class.
 DecodeDevice = Literal["auto", "xpu", "cpu"]
 SpecMethod = Literal["none", "ngram", "draft"]
+KVCacheDType = Literal["auto", "float16", "float32", "q8_0"]
 
 
 def _pattern(regex: str, hint: str) -> dict[str, Any]:
@@ -287,6 +288,10 @@ class KVConfig(_Section):
     prefix_caching: bool = Field(
         True,
         description="reuse the KV blocks of a prompt prefix already computed on this worker (a shared system prompt is prefilled once)",
+    )
+    cache_dtype: Annotated[KVCacheDType, BeforeValidator(_text)] = Field(
+        "auto",
+        description="what the KV cache of the workers that run the fused CPU step holds: auto | float16 | float32 | q8_0; auto = float16 there (llama.cpp's default) and the model's dtype on a GPU; q8_0 = 8-bit blocks as llama.cpp's --cache-type-k/v q8_0: 53% of float16's bytes, so about twice the positions in cache_mib and less to read per token at long contexts, at a small cost in quality (docs/benchmarks.md); workers on a GPU or vLLM keep their default",
     )
 
 

@@ -6,11 +6,14 @@ worker serves) and its engine slots (the decode slots plus the handoff slots).""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
 from .engine.protocol import EngineProtocol
 from .settings import WorkerSettings
+
+log = logging.getLogger(__name__)
 
 
 def build_engine(settings: WorkerSettings, tokenizer: Any = None) -> EngineProtocol:
@@ -45,6 +48,7 @@ def _native(s: WorkerSettings) -> EngineProtocol:
         max_num_batched_tokens=s.max_num_batched_tokens,
         kv_cache_bytes=s.kv_cache_bytes,
         prefix_caching=s.config.kv.prefix_caching,
+        kv_dtype=kv_cache_dtype(s.config.kv.cache_dtype, s.kernels),
         prompt_rows_while_decoding=s.prompt_rows_while_decoding,
         prompt_stretch=s.prompt_stretch,
         served_model=s.served_model,
@@ -52,6 +56,18 @@ def _native(s: WorkerSettings) -> EngineProtocol:
         **kernels,
     )
     return Engine(s.model, options)
+
+
+def kv_cache_dtype(asked: str, kernels: Any) -> str | None:
+    """The native engine's KV dtype from kv.cache_dtype (None: the engine's default). q8_0 is
+    read by the fused CPU step alone: a worker without it (a GPU, float PyTorch weights) keeps
+    its default rather than refusing to start in a farm whose CPU workers use it."""
+    if asked == "auto":
+        return None
+    if asked == "q8_0" and (kernels is None or kernels.op_mode != "fused"):
+        log.info("kv.cache_dtype q8_0 applies to the fused CPU step only: default KV dtype here")
+        return None
+    return asked
 
 
 def _echo(s: WorkerSettings, tokenizer: Any = None) -> EngineProtocol:

@@ -13,6 +13,8 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
+from .generate import add_kv_cache_dtype, kv_dtype
+
 MAX_STEP_ROWS = 512  # rows one native step computes: a chunk of n_ctx takes n_ctx / this steps
 
 
@@ -75,6 +77,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     ppl.add_argument(
         "--threads", type=int, default=None, help="CPU threads (default: $OMP_NUM_THREADS)"
     )
+    add_kv_cache_dtype(ppl)
     ppl.add_argument(
         "--json", action="store_true", help="print the results as one JSON object on stdout"
     )
@@ -104,6 +107,7 @@ def _engine(args: argparse.Namespace):
         progress=not args.no_progress,
         quantize=quantize,
         op_mode=op_mode,
+        kv_dtype=kv_dtype(args),
     )
 
 

@@ -69,8 +69,11 @@ class _Kept:
 
 def _check(c, cache) -> None:
     """Refuse what the kernels cannot run, before anything is built."""
-    if cache.k.dtype not in (torch.float32, torch.float16) or cache.k.device.type != "cpu":
-        raise FusedError("fused mode runs on the CPU with a float32 or float16 KV cache")
+    if (
+        cache.k.dtype not in (torch.float32, torch.float16, torch.uint8)
+        or cache.k.device.type != "cpu"
+    ):
+        raise FusedError("fused mode runs on the CPU with a float32, float16 or q8_0 KV cache")
     if c.head_dim % 8 or c.head_dim > 512:
         raise FusedError(f"fused mode needs head_dim a multiple of 8 up to 512, got {c.head_dim}")
     for name, size in (
@@ -130,7 +133,7 @@ def _describe(model: nn.Module, cache, kept: _Kept) -> lib.SxModel:
         max_len=model.rope_cos.shape[0],
         n_slots=cache.num_blocks,
         block_size=cache.block_size,
-        kv_f16=int(cache.k.dtype == torch.float16),
+        kv_type=lib.kv_type_of(cache.k.dtype),
         eps=c.rms_norm_eps,
         **_embedding(model, kept),
         final_norm=kept.f32(model.norm.weight),
@@ -168,7 +171,7 @@ class FusedDecoder:
             # (1 GiB at 16 x 2048 positions of the 1B shape: ~0.25 s of a 0.9 s load on a VM)
             # and keeps never-used blocks out of the resident set.
             elem = cache.k.element_size()
-            shape = cache.k.shape  # [layers, blocks, kv_heads, block_size, head_dim]
+            shape = cache.k.shape  # [layers, blocks, kv_heads, block_size, row elements]
             self._lib.sx_place_kv(lib.ptr(cache.k), lib.ptr(cache.v), *shape, elem, self.threads)
         kept = _Kept()
         kept.tensors += [cache.k, cache.v]

@@ -93,7 +93,7 @@ class SxModel(ctypes.Structure):
         ("vocab", c_int32),
         ("max_len", c_int32),
         ("n_slots", c_int32),
-        ("kv_f16", c_int32),
+        ("kv_type", c_int32),  # F32, F16 or Q8_0 rows (kv_type_of)
         ("eps", c_float),
         ("embed", c_void_p),
         ("final_norm", c_void_p),
@@ -196,14 +196,25 @@ def attend_heads(
 ) -> None:
     """The fused step's attention (sx_attend_heads_paged) on tensors: query heads q [heads, d]
     of KV head `group` over `cached` positions of a paged cache [blocks, kv_heads, block_size,
-    d] (float16 or float32) with block table `table` (int32), then the new key and value (d
-    floats each); scores: float32 scratch [heads, >= cached + 1]; out: float32 [heads, d]."""
-    _, kv_heads, bs, d = k_cache.shape
+    row] (float16 or float32 rows of d, or uint8 rows of Q8_0 blocks) with block table `table`
+    (int32), then the new key and value (d floats each); scores: float32 scratch [heads, >=
+    cached + 1]; out: float32 [heads, d]."""
+    _, kv_heads, bs, _ = k_cache.shape
+    d = q.shape[1]
     load(variant).sx_attend_heads_paged(
-        ptr(q), q.shape[0], ptr(k_cache), ptr(v_cache), int(k_cache.dtype == torch.float16),
+        ptr(q), q.shape[0], ptr(k_cache), ptr(v_cache), kv_type_of(k_cache.dtype),
         ptr(table), bs, kv_heads * bs * d, group * bs * d, cached, ptr(k_new), ptr(v_new), d,
         1.0 / math.sqrt(d), ptr(scores), scores.shape[1], ptr(out),
     )  # fmt: skip
+
+
+def kv_type_of(storage: torch.dtype) -> int:
+    """The kernels' KV row type of a cache tensor's dtype: F32, F16, or Q8_0 (uint8 rows of
+    Q8_0 blocks: workers/engine/kv_cache.py)."""
+    kinds = {torch.float32: F32, torch.float16: F16, torch.uint8: Q8_0}
+    if storage not in kinds:
+        raise ValueError(f"the kernels read float32, float16 or Q8_0 KV caches, not {storage}")
+    return kinds[storage]
 
 
 def type_name(qtype: int) -> str:

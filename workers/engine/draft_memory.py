@@ -9,11 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from .config import read_model_config
 from .errors import EngineError
-from .kv_cache import KVCache
+from .kv_cache import KVCache, KVDType
 from .loader import is_gguf, parse_dtype, resolve_model_path, weight_bytes
 
 
@@ -40,11 +38,11 @@ class DraftFootprint:
     weights: int
     bytes_per_block: int  # at the engine's block_size and KV dtype
 
-    def kv_bytes(self, num_seqs: int, max_model_len: int, kv_dtype: torch.dtype) -> int:
+    def kv_bytes(self, num_seqs: int, max_model_len: int, kv_dtype: KVDType) -> int:
         return KVCache.bytes_needed(self.config, num_seqs, max_model_len, kv_dtype)
 
 
-def draft_footprint(opts: Any, kv_dtype: torch.dtype) -> DraftFootprint | None:
+def draft_footprint(opts: Any, kv_dtype: KVDType) -> DraftFootprint | None:
     """The footprint of `opts.speculative`'s draft model (None without one), loaded as
     `load_drafter` will: the same quantize plan where the draft is a GGUF, float otherwise."""
     spec = opts.speculative

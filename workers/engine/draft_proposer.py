@@ -38,7 +38,7 @@ from .block_manager import BlockManager
 from .config import read_model_config
 from .draft_memory import draft_path
 from .errors import EngineError
-from .kv_cache import KVCache
+from .kv_cache import KVCache, dtype_name
 from .loader import resolve_model_path
 from .sampler import _filter, token_generator
 from .scheduled_step import Chunk, ScheduledStep
@@ -233,7 +233,7 @@ def load_drafter(
         speculative=None,
         max_model_len=target.max_model_len,
         kv_cache_bytes=per_block * target.cache.num_blocks,
-        kv_dtype=str(target.kv_dtype).removeprefix("torch."),
+        kv_dtype=dtype_name(target.kv_dtype),
         served_model=None,
         prefix_caching=False,
     )

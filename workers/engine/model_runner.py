@@ -19,10 +19,10 @@ from typing import Any
 import torch
 
 from . import kv_format
-from .config import DEFAULT_MAX_MODEL_LEN
+from .config import DEFAULT_MAX_MODEL_LEN, read_model_config
 from .core import ImportedKV, Sampled
 from .errors import EngineError
-from .kv_cache import KVCache
+from .kv_cache import Q8_0, KVCache, KVDType, check_fits, dtype_name
 from .kv_identity import KVIdentity
 from .loader import (
     WEIGHT_PLANS,
@@ -96,7 +96,7 @@ class LoadPlan:
     path: Path
     device: torch.device
     dtype: torch.dtype
-    kv_dtype: torch.dtype
+    kv_dtype: KVDType  # a torch dtype, or kv_cache.Q8_0
     quantize: str | None
     op_mode: str | None
     budget: int  # the step's token rows (the scheduler's, and the fused step's buffers)
@@ -142,12 +142,30 @@ def plan_load(model: str | Path | None, opts: ModelOptions) -> LoadPlan:
     except ValueError as exc:
         raise EngineError(str(exc)) from None
     fused = op_mode == "fused"
-    kv_dtype = parse_dtype(opts.kv_dtype) if opts.kv_dtype else (torch.float16 if fused else dtype)
+    kv_dtype = _kv_dtype(opts.kv_dtype, fused, dtype)
     plan = LoadPlan(resolve_model_path(model), device, dtype, kv_dtype, quantize, op_mode, budget)
+    if kv_dtype == Q8_0:  # a head_dim that is not whole blocks fails now, not after the load
+        try:
+            check_fits(read_model_config(plan.path), kv_dtype, device)
+        except ValueError as exc:
+            raise EngineError(str(exc)) from None
     if quantize == "stored" and not plan.in_blocks:
         log.info("%s: not a GGUF file, nothing to run as stored: float weights", plan.path)
         plan.quantize = None
     return plan
+
+
+def _kv_dtype(asked: str | None, fused: bool, dtype: torch.dtype) -> KVDType:
+    """The KV cache's dtype: as asked, else float16 in fused mode (llama.cpp's default) and the
+    model's dtype in PyTorch. q8_0 is read by the native kernels alone."""
+    if asked == Q8_0:
+        if not fused:
+            raise EngineError(
+                "a q8_0 KV cache needs the fused CPU step (a GGUF or SYSHAX_QUANTIZE on the "
+                "CPU, INFERENCE_OP_MODE not none); use float16 here"
+            )
+        return Q8_0
+    return parse_dtype(asked) if asked else (torch.float16 if fused else dtype)
 
 
 class ModelRunner(PortableKV):
@@ -315,12 +333,16 @@ def _kv_cache(
         raise EngineError(str(exc)) from exc
     # The fused step fills the cache itself (NUMA placement, or first touch): no zeroing.
     fused = plan.op_mode == "fused"
-    cache = KVCache(config, num_blocks, block_size, plan.kv_dtype, plan.device, zero=not fused)
+    try:
+        cache = KVCache(config, num_blocks, block_size, plan.kv_dtype, plan.device, zero=not fused)
+    except ValueError as exc:  # a q8_0 cache the model's head_dim does not fit
+        raise EngineError(str(exc)) from None
     log.info(
-        "KV cache: %d blocks x %d positions = %.1f MiB (%d sequences of %d positions)",
+        "KV cache: %d blocks x %d positions = %.1f MiB of %s (%d sequences of %d positions)",
         num_blocks,
         block_size,
         cache.nbytes / 2**20,
+        dtype_name(plan.kv_dtype),
         opts.max_num_seqs,
         max_model_len,
     )

@@ -193,7 +193,7 @@ class TinyModel:
         )  # fmt: skip
         self.desc = lib.SxModel(
             n_layers=1, hidden=HIDDEN, n_heads=HEADS, n_kv_heads=KV_HEADS, head_dim=HEAD_DIM,
-            inter=INTER, vocab=VOCAB, max_len=MAX_LEN, n_slots=SLOTS, kv_f16=0, eps=1e-5,
+            inter=INTER, vocab=VOCAB, max_len=MAX_LEN, n_slots=SLOTS, kv_type=0, eps=1e-5,
             embed=embed.data_ptr(), final_norm=f32[2].data_ptr(), lm_head=head,
             rope_cos=f32[3].data_ptr(), rope_sin=f32[4].data_ptr(), layers=self.layers,
             embed_type=embed_type,

@@ -268,9 +268,30 @@ static void norm_rows(const float *x, const float *w, int n, int d, float eps, f
 
 /* Where position pos of KV head g of a sequence with block table `table` is, in elements from
  * the layer's cache base ([blocks, kv_heads, block_size, head_dim]). */
+/* The byte offset of position pos of KV head g in a layer's cache (rows of sx_kv_row_bytes). */
 static inline size_t kv_at(const sx_ctx *c, const int32_t *table, int g, int64_t pos) {
     const sx_model *m = &c->m;
-    return (((size_t)table[pos / c->bs] * m->n_kv_heads + g) * c->bs + (size_t)(pos % c->bs)) * m->head_dim;
+    const size_t row = ((size_t)table[pos / c->bs] * m->n_kv_heads + g) * c->bs + (size_t)(pos % c->bs);
+    return row * sx_kv_row_bytes(m->kv_type, m->head_dim);
+}
+
+/* A key or value row of d floats as the cache holds it (sx_kv_row_bytes of `out`), and back. */
+static void kv_encode(int kind, const float *x, int d, void *out) {
+    if (kind == SX_F16)
+        for (int i = 0; i < d; i++) ((uint16_t *)out)[i] = sx_f2h(x[i]);
+    else if (kind == SX_Q8_0)
+        sx_quantize(SX_Q8_0, x, d, out);
+    else
+        memcpy(out, x, (size_t)d * 4);
+}
+
+static void kv_decode(int kind, const void *in, int d, float *out) {
+    if (kind == SX_F16)
+        for (int i = 0; i < d; i++) out[i] = sx_h2f(((const uint16_t *)in)[i]);
+    else if (kind == SX_Q8_0)
+        sx_dequantize(SX_Q8_0, in, d, out);
+    else
+        memcpy(out, in, (size_t)d * 4);
 }
 
 /* The new key of row s, KV head g: normalised and rotated into k (d floats). */
@@ -297,7 +318,7 @@ static void attend_heads(const sx_ctx *c, const sx_layer *L, int s, const int32_
         if (L->q_norm) sx_rmsnorm(q, L->q_norm, d, m->eps, q);
         sx_rope(q, cs, sn, d);
     }
-    sx_attend_heads_paged(row + (size_t)h0 * d, h1 - h0, L->k_cache, L->v_cache, m->kv_f16, table, c->bs, block, head,
+    sx_attend_heads_paged(row + (size_t)h0 * d, h1 - h0, L->k_cache, L->v_cache, m->kv_type, table, c->bs, block, head,
                           (int)pos, k, vn, d, scale, scores, (size_t)m->max_len, c->attn + (size_t)s * c->q_out + (size_t)h0 * d);
 }
 
@@ -313,24 +334,17 @@ static void attention_item(const sx_ctx *c, const sx_layer *L, int s, const int3
     const int d = m->head_dim, group = m->n_heads / m->n_kv_heads, g = h0 / group;
     float *k = scratch, *vn = k + d; /* the new key and value as the cache holds them */
     const float *v = new_kv(c, L, s, g, pos, k);
-    const size_t at = kv_at(c, table, g, pos);
-    if (m->kv_f16) {
-        /* Attend with the new key and value as they will be read back later: rounded. */
-        for (int i = 0; i < d; i++) {
-            const uint16_t hk = sx_f2h(k[i]), hv = sx_f2h(v[i]);
-            k[i] = sx_h2f(hk);
-            vn[i] = sx_h2f(hv);
-            if (h0 % group == 0) {
-                ((uint16_t *)L->k_cache)[at + i] = hk;
-                ((uint16_t *)L->v_cache)[at + i] = hv;
-            }
-        }
-    } else {
-        memcpy(vn, v, (size_t)d * 4);
-        if (h0 % group == 0) {
-            memcpy((float *)L->k_cache + at, k, (size_t)d * 4);
-            memcpy((float *)L->v_cache + at, v, (size_t)d * 4);
-        }
+    const size_t at = kv_at(c, table, g, pos), rb = sx_kv_row_bytes(m->kv_type, d);
+    /* Attend with the new key and value as they will be read back later: rounded to the
+     * cache's type (d <= 512: a row is at most 2 KiB). */
+    unsigned char ek[2048], ev[2048];
+    kv_encode(m->kv_type, k, d, ek);
+    kv_encode(m->kv_type, v, d, ev);
+    kv_decode(m->kv_type, ek, d, k);
+    kv_decode(m->kv_type, ev, d, vn);
+    if (h0 % group == 0) {
+        memcpy((char *)L->k_cache + at, ek, rb);
+        memcpy((char *)L->v_cache + at, ev, rb);
     }
     attend_heads(c, L, s, table, h0, h1, pos, k, vn, scratch + 2 * d);
 }
@@ -344,15 +358,8 @@ static void store_kv(const sx_ctx *c, const sx_layer *L, int s, const int32_t *t
     const int d = m->head_dim;
     const float *v = new_kv(c, L, s, g, pos, k);
     const size_t at = kv_at(c, table, g, pos);
-    if (m->kv_f16) {
-        for (int i = 0; i < d; i++) {
-            ((uint16_t *)L->k_cache)[at + i] = sx_f2h(k[i]);
-            ((uint16_t *)L->v_cache)[at + i] = sx_f2h(v[i]);
-        }
-    } else {
-        memcpy((float *)L->k_cache + at, k, (size_t)d * 4);
-        memcpy((float *)L->v_cache + at, v, (size_t)d * 4);
-    }
+    kv_encode(m->kv_type, k, d, (char *)L->k_cache + at);
+    kv_encode(m->kv_type, v, d, (char *)L->v_cache + at);
 }
 
 static void attend_stored(const sx_ctx *c, const sx_layer *L, int s, const int32_t *table, int h0, int h1,
@@ -361,10 +368,8 @@ static void attend_stored(const sx_ctx *c, const sx_layer *L, int s, const int32
     const int d = m->head_dim, g = h0 / (m->n_heads / m->n_kv_heads);
     const size_t at = kv_at(c, table, g, pos);
     float *k = scratch, *vn = k + d;
-    for (int i = 0; i < d; i++) {
-        k[i] = m->kv_f16 ? sx_h2f(((const uint16_t *)L->k_cache)[at + i]) : ((const float *)L->k_cache)[at + i];
-        vn[i] = m->kv_f16 ? sx_h2f(((const uint16_t *)L->v_cache)[at + i]) : ((const float *)L->v_cache)[at + i];
-    }
+    kv_decode(m->kv_type, (const char *)L->k_cache + at, d, k);
+    kv_decode(m->kv_type, (const char *)L->v_cache + at, d, vn);
     attend_heads(c, L, s, table, h0, h1, pos, k, vn, scratch + 2 * d);
 }
 

@@ -17,6 +17,7 @@ enum {
     SX_Q4_K = 12, SX_Q5_K = 13, SX_Q6_K = 14
 };
 #define SX_QK 32  /* weights per block */
+#define SX_Q8_BLOCK 34 /* bytes of a Q8_0 block: an fp16 scale, then 32 int8s */
 #define SX_QKK 256 /* weights per K-quant super-block */
 
 typedef struct { uint16_t d; uint8_t qs[SX_QK / 2]; } sx_block_q4_0; /* 18 bytes, as in GGUF */
@@ -92,7 +93,8 @@ typedef struct {
 
 typedef struct {
     int32_t n_layers, hidden, n_heads, n_kv_heads, head_dim, inter, vocab, max_len, n_slots;
-    int32_t kv_f16; /* 1: the KV cache holds fp16 (rounded to nearest even), 0: float32 */
+    int32_t kv_type; /* the KV cache's rows: SX_F32, SX_F16 (rounded to nearest even) or SX_Q8_0
+                      * (sx_kv_row_bytes) */
     float eps;
     const void *embed;       /* [vocab, hidden] rows of embed_type, GGML row-major blocks */
     const float *final_norm; /* [hidden] */
@@ -106,6 +108,13 @@ typedef struct {
                               * one block per sequence (a slot), n_slots of them */
     int32_t block_pad_;
 } sx_model;
+
+/* Bytes of one key or value row of head_dim d in a KV cache of kv_type: float32, fp16, or d / 32
+ * Q8_0 blocks (quantized as sx_quantize, ggml's reference rounding: 8.5 bits an element, about
+ * half of fp16's bytes). */
+static inline size_t sx_kv_row_bytes(int kv_type, int d) {
+    return kv_type == SX_Q8_0 ? (size_t)d / SX_QK * SX_Q8_BLOCK : (size_t)d * (kv_type == SX_F16 ? 2 : 4);
+}
 
 typedef struct sx_ctx sx_ctx;
 
