@@ -114,7 +114,7 @@ def profile(args: argparse.Namespace) -> dict:
     opts = from_env(args.threads).resolved(path, "cpu")  # the CPU worker's default rule
     if opts.cpus:
         pin_threads(opts)
-    eng = Engine(path, device="cpu", max_model_len=args.context + args.steps + args.warmup + 16, max_num_seqs=args.batch, max_num_batched_tokens=max(256, args.batch * (args.context + 8)), prefix_caching=False, progress=False, load_tokenizer=False, **opts.engine_kwargs())  # fmt: skip
+    eng = Engine(path, device="cpu", max_model_len=args.context + args.steps + args.warmup + 16, max_num_seqs=args.batch, max_num_batched_tokens=max(256, args.batch * (args.context + 8)), prefix_caching=False, progress=False, load_tokenizer=False, kv_dtype=args.kv, **opts.engine_kwargs())  # fmt: skip
     fused = eng.fused
     if fused is None:
         raise SystemExit("the engine did not build the fused step (INFERENCE_OP_MODE=none?)")
@@ -224,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--context", type=int, default=128, help="tokens prefilled before the timed steps (default 128)")  # fmt: skip
+    p.add_argument("--kv", choices=["float16", "q8_0"], default="float16", help="the KV cache's type (default float16)")  # fmt: skip
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--variant", default="profile", choices=["profile", "native"], help="kernel build (default profile: with the clocks)")  # fmt: skip

@@ -96,8 +96,9 @@ class LocalFarm:
         env: dict[str, str] | None = None,
     ) -> str:
         """`syshax worker` with these options (None = the worker's own default; the engine's:
-        the config's, xpu.engine for the xPU class); `args` are more of its options, `env`
-        more environment variables. Returns its id (also its name here)."""
+        the config's, xpu.engine for the xPU class); `args` are more of its options (with
+        --port, its /metrics endpoint: none by default), `env` more environment variables.
+        Returns its id (also its name here)."""
         if name is None:
             self.serial += 1
             name = f"{device_class}-{self.serial}"
@@ -107,6 +108,10 @@ class LocalFarm:
         argv += ["--drain-timeout", str(drain_timeout)] if drain_timeout is not None else []
         argv += ["--heartbeat-ttl", str(heartbeat_ttl)] if heartbeat_ttl is not None else []
         argv += ["--max-batch-size", str(slots)] if slots else []
+        # No /metrics endpoint unless asked (`args` with --port): the config's fixed port
+        # (8011, 8012) is the first worker's, and every later one, here or in a farm beside
+        # this one, logged "Address already in use" for it.
+        argv += [] if "--port" in args else ["--port", "0"]
         self.spawn(name, argv + list(args), env)
         return name
 

@@ -49,6 +49,12 @@ def farm_config(**options: Any) -> Config:
     cfg.redis.prefix = options.pop("prefix", cfg.redis.prefix)  # also the RabbitMQ queues'
     cfg.broker.jobs = options.pop("jobs", "redis")
     cfg.broker.amqp_url = options.pop("amqp_url", None)
+    # CPU decode workers as normal processes, not SCHED_IDLE (the product's default): the
+    # tests' farms share 2 cores with the other xdist process's tests, and one running a model
+    # at full speed left a SCHED_IDLE worker no CPU at all, for a minute and more (a cluster
+    # test's workers never registered; streams stalled until request_timeout).
+    cfg.cpu.sched_idle = options.pop("sched_idle", False)
+    cfg.cpu.nice = options.pop("cpu_nice", 0)
     assert not options, f"unknown farm options {options}"
     return cfg
 

@@ -73,6 +73,7 @@ def test_the_slo_and_decode_device_decide_between_an_emulated_xpu_and_a_real_cpu
         max_model_len=256,
         xpu_max_batch_size=8,
         cpu_max_batch_size=4,
+        sched_idle=True,  # the product's default, checked below
     )
     cpu_args = ("--device", "cpu", "--threads", "1", "--port", "0")
     farm.start_worker("cpu", "decode", "cpu", engine="native", args=cpu_args)
@@ -82,8 +83,8 @@ def test_the_slo_and_decode_device_decide_between_an_emulated_xpu_and_a_real_cpu
     # engine None: the xPU class follows xpu.engine (emulated); the CPU worker runs the model.
     farm.start_worker("xpu-a", "prefill,decode", "xpu", engine=None, args=("--port", str(port_a)))
     farm.wait_registered(["xpu-a"], timeout=120)
-    # cpu.sched_idle (default true): the CPU decode worker, every thread of it, yields the
-    # shared cores to the xPU worker.
+    # cpu.sched_idle (true by default; the tests' farms turn it off): the CPU decode worker,
+    # every thread of it, yields the shared cores to the xPU worker.
     cpu_pid, xpu_pid = farm.procs["cpu"].pid, farm.procs["xpu-a"].pid
     threads = [int(t) for t in os.listdir(f"/proc/{cpu_pid}/task")]
     assert {os.sched_getscheduler(t) for t in threads} == {os.SCHED_IDLE}, "and its threads"
