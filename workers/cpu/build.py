@@ -28,7 +28,7 @@ from syshax.shared import env
 
 log = logging.getLogger(__name__)
 
-SOURCES = ("quant.c", "gemm.c", "tile16.c", "amx.c", "kquant.c", "ops.c", "decode.c")
+SOURCES = ("quant.c", "gemm.c", "tile16.c", "amx.c", "kquant.c", "ops.c", "attention.c", "decode.c")
 HEADERS = ("sx.h", "simd.h", "gemm.h", "ops.h", "prof.h")
 BASE_FLAGS = ("-O3", "-std=gnu11", "-fPIC", "-shared", "-fopenmp", "-ffp-contract=off")
 # variant -> extra flags. "native" is what the engine uses (-march=$SYSHAX_KERNEL_MARCH, default

@@ -13,8 +13,9 @@ positions a sequence has not written, and a masked position must still hold a fi
 value row is head_dim / 32 GGML Q8_0 blocks (an fp16 scale and 32 int8s, ggml's reference
 rounding), so the tensors are uint8 `[..., block_size, head_dim / 32 * 34]`: 53% of fp16's
 bytes, which is what attention at long contexts streams and what bounds how many positions
-fit. Only the native kernels read it (workers/cpu/native/ops.c); rows come in and go out of
-it (a KV handoff's import and export) through their quantizer, as float32 on the way out.
+fit. Only the native kernels read it (workers/cpu/native/attention.c); rows come in and go
+out of it (a KV handoff's import and export) through their quantizer, as float32 on the way
+out.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-/* Element-wise and attention operators of the decode step (ops.c). */
+/* Element-wise and attention operators of the decode step (ops.c, attention.c). */
 #ifndef SX_OPS_H
 #define SX_OPS_H
 #include "sx.h"
