@@ -11,7 +11,7 @@ from typing import Any
 
 from .config import read_model_config
 from .errors import EngineError
-from .kv_cache import KVCache, KVDType
+from .kv_cache import KVCache, KVDType, fitting
 from .loader import is_gguf, parse_dtype, resolve_model_path, weight_bytes
 
 
@@ -39,6 +39,7 @@ class DraftFootprint:
     bytes_per_block: int  # at the engine's block_size and KV dtype
 
     def kv_bytes(self, num_seqs: int, max_model_len: int, kv_dtype: KVDType) -> int:
+        kv_dtype = fitting(self.config, kv_dtype)
         return KVCache.bytes_needed(self.config, num_seqs, max_model_len, kv_dtype)
 
 
@@ -52,5 +53,5 @@ def draft_footprint(opts: Any, kv_dtype: KVDType) -> DraftFootprint | None:
     weights = opts.quantize if opts.quantize is not None and is_gguf(path) else None
     config = read_model_config(path)
     size = weight_bytes(path, weights, parse_dtype(opts.dtype))
-    per_block = KVCache.bytes_per_block(config, opts.block_size, kv_dtype)
+    per_block = KVCache.bytes_per_block(config, opts.block_size, fitting(config, kv_dtype))
     return DraftFootprint(path, config, size, per_block)

@@ -38,7 +38,7 @@ from .block_manager import BlockManager
 from .config import read_model_config
 from .draft_memory import draft_path
 from .errors import EngineError
-from .kv_cache import KVCache, dtype_name
+from .kv_cache import KVCache, dtype_name, fitting
 from .loader import resolve_model_path
 from .sampler import _filter, token_generator
 from .scheduled_step import Chunk, ScheduledStep
@@ -227,13 +227,14 @@ def load_drafter(
             f"draft model {path} runs at most {draft_config.position_limit} positions; the "
             f"target's max_model_len is {target.max_model_len}: lower max_model_len"
         )
-    per_block = KVCache.bytes_per_block(draft_config, opts.block_size, target.kv_dtype)
+    kv_dtype = fitting(draft_config, target.kv_dtype)
+    per_block = KVCache.bytes_per_block(draft_config, opts.block_size, kv_dtype)
     draft_opts = dataclasses.replace(
         opts,
         speculative=None,
         max_model_len=target.max_model_len,
         kv_cache_bytes=per_block * target.cache.num_blocks,
-        kv_dtype=dtype_name(target.kv_dtype),
+        kv_dtype=dtype_name(kv_dtype),
         served_model=None,
         prefix_caching=False,
     )

@@ -45,6 +45,14 @@ def check_fits(config: ModelConfig, dtype: KVDType, device: torch.device | str =
         )
 
 
+def fitting(config: ModelConfig, dtype: KVDType) -> KVDType:
+    """`dtype`, or float16 where a Q8_0 cache cannot hold this model's rows: a draft model
+    beside a target with a Q8_0 cache keeps a cache it can run."""
+    if dtype == Q8_0 and config.head_dim % Q8_0_BLOCK:
+        return torch.float16
+    return dtype
+
+
 def dtype_name(dtype: KVDType) -> str:
     """ "float16", "q8_0", ...: as options and logs name it."""
     return dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")

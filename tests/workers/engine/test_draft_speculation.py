@@ -302,3 +302,20 @@ def test_smollm2_greedy_with_a_weaker_draft_gives_the_plain_text(tmp_path_factor
     counts = spec.stats.spec
     assert 0 < counts.accepted < counts.proposed and counts.tokens_per_step > 1.2
     _no_leaks(spec)
+
+
+def test_a_q8_0_target_keeps_a_draft_whose_rows_are_not_whole_blocks(tiny_models):
+    """A target with an 8-bit KV cache (head_dim 32) and a draft with head_dim 16, which Q8_0
+    blocks of 32 cannot hold: the draft gets a float16 cache instead of failing the load, and
+    greedy speculation keeps the target's tokens."""
+    target, _ = tiny_models["qwen3"]
+    draft, _ = tiny_models["llama"]
+    greedy = SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)
+    plain = generated(_engine(target, op_mode="fused", kv_dtype="q8_0"), greedy)
+    spec = _engine(target, draft, op_mode="fused", kv_dtype="q8_0")
+    assert spec.cache.k.dtype == torch.uint8
+    assert spec.scheduler.drafter.runner.cache.k.dtype == torch.float16
+    _flat_costs(spec)
+    assert generated(spec, greedy) == plain
+    assert spec.stats.spec.proposed > 0
+    _no_leaks(spec)
