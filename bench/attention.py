@@ -16,8 +16,10 @@ from __future__ import annotations
 import argparse
 import math
 import time
+from pathlib import Path
 
 import torch
+from step_profile import hand_built
 from syshax.workers.cpu import lib
 
 BS = 16
@@ -38,9 +40,15 @@ def main() -> None:
     p.add_argument("--resident", action="store_true", help="one layer's cache, reused")
     p.add_argument("--repeats", type=int, default=20, help="timed passes (default 20)")
     p.add_argument("--variant", choices=("native", "portable"), default="native")
+    p.add_argument(
+        "--lib",
+        type=Path,
+        help="a kernels library built by hand (an A/B of two trees' attention.c), not --variant",
+    )
     a = p.parse_args()
 
-    fn = lib.load(a.variant).sx_attend_heads_paged  # raw: no per-call tensor handling
+    so = hand_built(a.lib) if a.lib else lib.load(a.variant)
+    fn = so.sx_attend_heads_paged  # raw: no per-call tensor handling
     torch.set_num_threads(1)
     g, h, d, ctx = a.groups, a.heads, a.head_dim, a.context
     blocks = ctx // BS + 2
@@ -96,7 +104,8 @@ def main() -> None:
     pairs = g * h * ctx
     where = "resident" if a.resident else "a cache per layer"
     print(
-        f"context {ctx}, {g} KV heads x {h} query heads, d {d}, {a.kv} ({where}), {a.variant}: "
+        f"context {ctx}, {g} KV heads x {h} query heads, d {d}, {a.kv} ({where}), "
+        f"{a.lib or a.variant}: "
         f"{best * 1e3:.3f} ms per layer, {best * 1e9 / pairs:.2f} ns per (head, key), "
         f"{a.layers} layers {best * a.layers * 1e3:.2f} ms (one thread)"
     )

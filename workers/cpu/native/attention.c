@@ -119,11 +119,11 @@ static void attn_values(const float *p, const void *v, int kind, int len, int d,
     }
 }
 
-/* This head's part of block b of a sequence's cache (table: the sequence's block table; the
- * offsets in elements, a whole number of rows of d, each row_bytes long). */
-static inline const char *head_block(const void *cache, const int32_t *table, int b, size_t block_elems,
-                                     size_t head_elems, int d, size_t row_bytes) {
-    return (const char *)cache + ((size_t)table[b] * block_elems + head_elems) / (size_t)d * row_bytes;
+/* This head's part of block b of a sequence's cache (table: the sequence's block table; a block
+ * is block_bytes long, this head's rows start head_bytes into it). */
+static inline const char *head_block(const void *cache, const int32_t *table, int b, size_t block_bytes,
+                                     size_t head_bytes) {
+    return (const char *)cache + (size_t)table[b] * block_bytes + head_bytes;
 }
 
 #ifdef SX_AVX2
@@ -137,10 +137,12 @@ static inline __attribute__((always_inline)) void scores_block(const float *q, c
                                                                float *scores, size_t stride) {
     __m256 acc[4 * SCORE_KEYS];
     for (int u = 0; u < 4 * SCORE_KEYS; u++) acc[u] = _mm256_setzero_ps();
-    for (int i0 = 0; i0 < d; i0 += SX_QK) { /* a Q8_0 block's scale per key, then its elements */
+    /* Q8_0: each key's block scale once per block, then its elements; float rows in one run */
+    const int span = kind == SX_Q8_0 ? SX_QK : d;
+    for (int i0 = 0; i0 < d; i0 += span) {
         __m256 sc[SCORE_KEYS];
         for (int u = 0; u < SCORE_KEYS; u++) sc[u] = q8_scale(k, kind, (size_t)(t + u), d, i0);
-        for (int i = i0; i < i0 + SX_QK && i < d; i += 8) {
+        for (int i = i0; i < i0 + span; i += 8) {
             __m256 kv[SCORE_KEYS];
             for (int u = 0; u < SCORE_KEYS; u++) kv[u] = load8_scaled(k, kind, (size_t)(t + u), d, i, sc[u]);
             for (int h = 0; h < hc; h++) {
@@ -284,15 +286,16 @@ void sx_attend_heads_paged(const float *q, int heads, const void *k, const void 
                            int bs, size_t block_elems, size_t head_elems, int cached, const float *k_new,
                            const float *v_new, int d, float scale, float *scores, size_t score_stride, float *out) {
     const size_t rb = sx_kv_row_bytes(kind, d), bytes = (size_t)bs * rb; /* one head's part of a block */
+    const size_t block_bytes = block_elems / (size_t)d * rb, head_bytes = head_elems / (size_t)d * rb;
     const int blocks = (cached + bs - 1) / bs;
     for (int j = 0; j < 2 && j < blocks; j++) {
-        const char *kb = head_block(k, table, j, block_elems, head_elems, d, rb);
+        const char *kb = head_block(k, table, j, block_bytes, head_bytes);
         for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(kb + o, 0, 3);
     }
     for (int j = 0, t0 = 0; j < blocks; j++, t0 += bs) {
-        const char *kb = head_block(k, table, j, block_elems, head_elems, d, rb);
-        const char *ka = j + 2 < blocks ? head_block(k, table, j + 2, block_elems, head_elems, d, rb) : NULL;
-        const char *vb = head_block(v, table, j, block_elems, head_elems, d, rb);
+        const char *kb = head_block(k, table, j, block_bytes, head_bytes);
+        const char *ka = j + 2 < blocks ? head_block(k, table, j + 2, block_bytes, head_bytes) : NULL;
+        const char *vb = head_block(v, table, j, block_bytes, head_bytes);
         for (size_t o = 0; o < bytes; o += 64) {
             if (ka) __builtin_prefetch(ka + o, 0, 3);
             __builtin_prefetch(vb + o, 0, 2);
@@ -306,7 +309,7 @@ void sx_attend_heads_paged(const float *q, int heads, const void *k, const void 
         for (int i = 0; i < d; i++) oh[i] = 0.0f;
     }
     for (int j = 0, t0 = 0; j < blocks; j++, t0 += bs) {
-        const char *vb = head_block(v, table, j, block_elems, head_elems, d, rb);
+        const char *vb = head_block(v, table, j, block_bytes, head_bytes);
         values_group(scores + t0, score_stride, heads, vb, kind, cached - t0 < bs ? cached - t0 : bs, d, out);
     }
     for (int h = 0; h < heads; h++) sx_axpy(scores[h * score_stride + cached], v_new, out + (size_t)h * d, d);
