@@ -34,3 +34,17 @@ def test_metrics_and_health_endpoint():
         assert serve_metrics(WorkerMetrics("w2", "cpu"), "127.0.0.1", port) is None
     finally:
         server.shutdown()
+
+
+def test_a_local_farms_workers_open_a_metrics_port_only_when_asked(proc_farm):
+    """The config's fixed port is one worker's: a test farm's workers get none unless given
+    --port (each of them tried 8012, and every one after the first logged the port in use)."""
+    farm = proc_farm()
+    port = free_port()
+    farm.start_worker("cpu-a")
+    farm.start_worker("cpu-b")
+    farm.start_worker("cpu-c", args=("--port", str(port)))
+    farm.wait_registered(["cpu-a", "cpu-b", "cpu-c"])
+    assert httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200
+    for name in ("cpu-a", "cpu-b", "cpu-c"):
+        assert "metrics endpoint not started" not in farm.log(name), farm.log(name)
