@@ -140,3 +140,23 @@ def test_the_config_asks_for_q8_0_where_the_fused_step_runs():
     assert kv_cache_dtype("q8_0", CpuKernelOptions(op_mode=None)) is None
     assert kv_cache_dtype("auto", fused) is None
     assert kv_cache_dtype("float32", None) == "float32"
+
+
+def test_a_float16_kv_blob_is_quantized_on_import(tiny_models):
+    """The farm's usual handoff: an xPU worker's float16 KV into a CPU worker's 8-bit cache.
+    The destination holds exactly the source's values, quantized, and decodes on from them."""
+    folder, _ = tiny_models["qwen3"]
+    params = _greedy(12)
+    src = _engine(folder, op_mode="fused", kv_dtype="float16")
+    dst = _engine(folder, op_mode="fused", kv_dtype="q8_0")
+    src.add_request("r", PROMPT, params)
+    first = src.step()[0]
+    n = len(PROMPT)
+    k16, v16 = src.cache.read(src.scheduler.sequences["r"].block_table, n)
+    dst.import_kv("r", src.export_kv("r"), PROMPT, [first.token_id], params)
+    k8, v8 = dst.cache.read(dst.scheduler.sequences["r"].block_table, n)
+    assert torch.equal(k8, _q8(k16.float())) and torch.equal(v8, _q8(v16.float()))
+    got = []
+    while dst.has_unfinished():
+        got += [o.token_id for o in dst.step() if o.request_id == "r"]
+    assert len(got) == params.max_tokens - 1  # the first token came from the source's prefill
