@@ -103,4 +103,14 @@ def _cpu_kernels_line(config: Config) -> str | None:
     }.get(quantize, f"requantized to {quantize} (native kernels)")
     step = "fused native decode step" if op_mode == "fused" else "PyTorch ops"
     why = "" if env.quantize() or env.inference_op_mode() else " (the default for this model)"
-    return f"cpu workers: {weights}, {step}{why}; SYSHAX_QUANTIZE / INFERENCE_OP_MODE override"
+    kv = _kv_cache_words(config.kv.cache_dtype, op_mode == "fused")
+    return f"cpu workers: {weights}, {step}{why}; SYSHAX_QUANTIZE / INFERENCE_OP_MODE override; KV cache {kv}"  # fmt: skip
+
+
+def _kv_cache_words(asked: str, fused: bool) -> str:
+    """What the CPU workers' KV cache holds (build.kv_cache_dtype's rule), in words."""
+    if fused:
+        return "float16 (kv.cache_dtype auto)" if asked == "auto" else f"{asked} (kv.cache_dtype)"
+    if asked == "q8_0":
+        return "the model's dtype (kv.cache_dtype q8_0 needs the fused step)"
+    return "the model's dtype (kv.cache_dtype auto)" if asked == "auto" else asked

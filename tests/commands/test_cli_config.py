@@ -181,6 +181,21 @@ def test_check_config_says_when_the_env_turns_the_kernels_off(monkeypatch, capsy
     assert "cpu workers: float PyTorch weights, PyTorch ops;" in capsys.readouterr().out
 
 
+def test_check_config_says_what_the_kv_cache_holds(path: Path, monkeypatch, capsys) -> None:
+    assert main(["check-config"]) == 0
+    assert "; KV cache float16 (kv.cache_dtype auto)" in capsys.readouterr().out
+    assert main(["init", "--config", str(path)]) == 0
+    assert main(["config", "kv.cache_dtype", "q8_0", "--config", str(path)]) == 0
+    capsys.readouterr()
+    assert main(["check-config", "--config", str(path)]) == 0
+    assert "; KV cache q8_0 (kv.cache_dtype)" in capsys.readouterr().out
+    monkeypatch.setenv("SYSHAX_QUANTIZE", "none")  # float PyTorch: no 8-bit cache there
+    assert main(["check-config", "--config", str(path)]) == 0
+    assert "KV cache the model's dtype (kv.cache_dtype q8_0 needs the fused step)" in (
+        capsys.readouterr().out
+    )
+
+
 def test_config_help_lists_every_key_subprocess() -> None:
     exe = Path(sys.executable).parent / "syshax"
     out = subprocess.run(
