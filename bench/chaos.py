@@ -155,24 +155,31 @@ class Farm(LocalFarm):
         return name
 
     def leftovers(self) -> dict[str, Any]:
-        streams = [KEYS.prefill_stream] + [KEYS.decode_stream(c) for c in DEVICE_CLASSES]
-        pending = 0
-        for s in streams:
-            with contextlib.suppress(redis.ResponseError):
-                pending += self.r.xpending(s, KEYS.decode_group)["pending"]
-        running = held = 0
-        for wid in self.r.smembers(KEYS.workers):
-            h = self.r.hgetall(KEYS.worker(wid.decode()))
-            running += int(h.get(b"running", 0)) + int(h.get(b"waiting", 0)) if h else 0
-            held += int(h.get(b"kv_blocks_held", 0)) if h else 0
-        return {
-            "leaked_leases": KVStore(self.r).stats()[0],
-            "leaked_shm_segments": len(set(glob.glob(self.shm_glob)) - self.shm_before),
-            "stream_entries": sum(self.r.xlen(s) for s in streams),
-            "pending_entries": pending,
-            "running_sequences": running,
-            "held_kv_blocks": held,
-        }
+        return leftovers(self.r, self.shm_glob, self.shm_before)
+
+
+def leftovers(r: redis.Redis, shm_glob: str, shm_before: set[str]) -> dict[str, Any]:
+    """What a farm holds once it should be idle: KV leases and their shared-memory segments
+    (those matching `shm_glob` that were not there before), stream and pending entries,
+    running sequences and held KV blocks; all zero when nothing leaked (bench/soak.py too)."""
+    streams = [KEYS.prefill_stream] + [KEYS.decode_stream(c) for c in DEVICE_CLASSES]
+    pending = 0
+    for s in streams:
+        with contextlib.suppress(redis.ResponseError):
+            pending += r.xpending(s, KEYS.decode_group)["pending"]
+    running = held = 0
+    for wid in r.smembers(KEYS.workers):
+        h = r.hgetall(KEYS.worker(wid.decode()))
+        running += int(h.get(b"running", 0)) + int(h.get(b"waiting", 0)) if h else 0
+        held += int(h.get(b"kv_blocks_held", 0)) if h else 0
+    return {
+        "leaked_leases": KVStore(r).stats()[0],
+        "leaked_shm_segments": len(set(glob.glob(shm_glob)) - shm_before),
+        "stream_entries": sum(r.xlen(s) for s in streams),
+        "pending_entries": pending,
+        "running_sequences": running,
+        "held_kv_blocks": held,
+    }
 
 
 def stream(base_url: str, i: int, max_tokens: int) -> tuple[str, list[str], str, float]:

@@ -10,6 +10,7 @@ dtype) to continue decoding there.
 from __future__ import annotations
 
 import gc
+import logging
 from pathlib import Path
 
 from syshax.shared.sampling import SamplingParams
@@ -29,6 +30,8 @@ __all__ = [
     "freeze_loaded_heap",
     "resolve_device",
 ]
+
+log = logging.getLogger(__name__)
 
 
 def freeze_loaded_heap() -> None:
@@ -75,6 +78,9 @@ class Engine(EngineCore):
             speculation=opts.speculative,
         )
         spec = opts.speculative
+        if scheduler.spec is not None:  # a worker's log says what its steps do
+            c = scheduler.spec.config
+            log.info("speculative decoding: %s, up to %d tokens a step while a step's decode rows stay within %d", c.method, c.num_tokens, c.max_step_rows)  # fmt: skip
         if spec is not None and spec.method == "draft":  # the draft model, on the same device
             from .draft_proposer import load_drafter
 

@@ -5,6 +5,8 @@ and with penalties."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 from syshax.shared.sampling import SamplingParams
@@ -107,6 +109,15 @@ def test_greedy_with_speculation_gives_the_plain_tokens(tiny_models, op_mode):
     counts = spec.stats.spec
     assert 0 < counts.accepted < counts.proposed and counts.tokens_per_step > 1.2
     assert spec.scheduler.blocks.num_free == spec.scheduler.blocks.num_blocks  # no leak
+
+
+def test_an_engine_that_speculates_says_so_in_its_log(tiny_models, caplog):
+    folder, _ = tiny_models["llama"]
+    with caplog.at_level(logging.INFO, logger="syshax.workers.engine.engine"):
+        _engine(folder, False)
+        assert "speculative" not in caplog.text
+        _engine(folder, True)
+    assert "speculative decoding: ngram, up to 4 tokens a step" in caplog.text
 
 
 @pytest.mark.parametrize("op_mode", [None, "fused"])
