@@ -346,17 +346,9 @@ def _levels(text: str) -> list[int]:
 
 
 def _setting(item: str) -> tuple[str, Any]:
-    """KEY=VALUE checked and typed as `syshax config KEY VALUE` does (an unknown key or a bad
-    value is refused here, not by the launched farm)."""
-    from syshax.shared.config import Config, ConfigError, get_key, set_key
+    from serve_launch import config_setting  # bench/ is on the path when this runs as a script
 
-    key, eq, value = item.partition("=")
-    if not eq or not key:
-        raise argparse.ArgumentTypeError(f"want KEY=VALUE such as prompt_rows_while_decoding=64, got {item!r}")  # fmt: skip
-    try:
-        return key, get_key(set_key(Config(), key, value), key)
-    except ConfigError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+    return config_setting(item)
 
 
 def _slo(item: str) -> tuple[str, float]:

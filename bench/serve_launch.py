@@ -55,7 +55,8 @@ def farm_settings(args: argparse.Namespace) -> dict[str, Any]:
 def launched_farm(args: argparse.Namespace, info: dict[str, Any] | None = None) -> Iterator[str]:
     """Embedded Redis + gateway + xPU worker + CPU decode workers, started by the farm starter
     the tests use (`syshax.local_farm.LocalFarm`); yields the /v1 base URL and fills `info`
-    (when given) with the Redis URL and the log folder. `args.launch` names the engines as
+    (when given) with the Redis URL, the log folder, the `LocalFarm` and `start_cpu_worker(name)`
+    (one more CPU decode worker, as the others). `args.launch` names the engines as
     `syshax run --engine` does (emulated: the xPU worker's; the CPU workers run the model)."""
     from syshax.broker.farm_redis import FarmRedis
 
@@ -72,7 +73,7 @@ def launched_farm(args: argparse.Namespace, info: dict[str, Any] | None = None) 
     cfg = launched_config(args)
     farm = LocalFarm(workdir, cfg, redis.url)
     if info is not None:
-        info |= {"redis_url": redis.url, "logdir": str(farm.logdir)}
+        info |= {"redis_url": redis.url, "logdir": str(farm.logdir), "farm": farm}
     # The layout `syshax run` picks (one worker with both roles on every core when there is
     # no accelerator); --cpu-workers / --threads override it.
     xpu_engine, cpu_engine = engines(cfg, args.launch)
@@ -86,8 +87,14 @@ def launched_farm(args: argparse.Namespace, info: dict[str, Any] | None = None) 
     try:
         farm.start_gateway()
         farm.start_worker("xpu-worker", "prefill,decode", "xpu", xpu_engine, slots=args.max_batch_size, args=xpu_args, env=env)  # fmt: skip
+
+        def start_cpu_worker(name: str) -> str:
+            return farm.start_worker(name, "decode", "cpu", cpu_engine, slots=args.max_batch_size, args=["--device", "cpu", *threads], env=env)  # fmt: skip
+
         for i in range(n_cpu):
-            farm.start_worker(f"cpu-worker-{i}", "decode", "cpu", cpu_engine, slots=args.max_batch_size, args=["--device", "cpu", *threads], env=env)  # fmt: skip
+            start_cpu_worker(f"cpu-worker-{i}")
+        if info is not None:
+            info["start_cpu_worker"] = start_cpu_worker
         print(f"# farm: gateway at {farm.url()}, {len(farm.worker_names())} workers, logs in {farm.logdir}", file=sys.stderr)  # fmt: skip
         try:
             farm.wait_healthy(timeout=args.launch_timeout)
@@ -98,6 +105,20 @@ def launched_farm(args: argparse.Namespace, info: dict[str, Any] | None = None) 
         farm.stop()
         redis_proc.terminate()
         redis_proc.wait()
+
+
+def config_setting(item: str) -> tuple[str, Any]:
+    """--set KEY=VALUE (serve.py, soak.py) checked and typed as `syshax config KEY VALUE` does (an unknown key or a bad
+    value is refused here, not by the launched farm)."""
+    from syshax.shared.config import Config, ConfigError, get_key, set_key
+
+    key, eq, value = item.partition("=")
+    if not eq or not key:
+        raise argparse.ArgumentTypeError(f"want KEY=VALUE such as prompt_rows_while_decoding=64, got {item!r}")  # fmt: skip
+    try:
+        return key, get_key(set_key(Config(), key, value), key)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def launched_config(args: argparse.Namespace):
