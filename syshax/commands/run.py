@@ -17,7 +17,9 @@ as an accelerator: by default one real CPU decode worker beside it, so a GPU hos
 runs on a host without one. With `xpu.engine: vllm` (`--engine vllm`) vLLM is the xPU worker's
 engine: every worker runs with this Python (`sys.executable`), so run `syshax run` from the
 venv that has vLLM (docs/vllm.md); the layout is the native engine's (an accelerator when
-`xpu.device` finds one). A child that exits unexpectedly is restarted with a capped backoff.
+`xpu.device` finds one). A child that exits unexpectedly is restarted with a capped backoff;
+a worker comes back under the same worker id (`run_worker_id`), so it takes back the jobs it
+held at once instead of leaving them to a claim after its heartbeat's TTL.
 On Ctrl-C or SIGTERM it stops in uvicorn's order: the gateway first (it refuses new requests
 and lets streams in flight finish, up to `shutdown_grace` seconds), then the workers (they
 drain), then Redis; a second Ctrl-C stops everything at once. The children run in sessions of
@@ -35,7 +37,9 @@ import argparse
 import contextlib
 import logging
 import os
+import secrets
 import signal
+import socket
 import sys
 import threading
 import time
@@ -59,6 +63,10 @@ log = logging.getLogger("syshax.run")
 GATEWAY_STAGE, WORKERS_STAGE, REDIS_STAGE = 0, 1, 2
 WORKER_STOP = ((signal.SIGTERM, 40.0),)
 REDIS_STOP = ((signal.SIGTERM, 10.0),)  # it writes the AOF's last second and exits
+# One per `syshax run`: its workers' ids, the same across a worker's restarts, differ from
+# those of any other farm process (another run on this host, or one in another container
+# whose host name and pid happen to match).
+RUN_TOKEN = secrets.token_hex(2)
 # A signal this soon after the first is the same stop reaching us twice (a wrapper such as
 # timeout(1) or make forwarding the terminal's SIGINT that we also got), not a second Ctrl-C.
 SECOND_SIGNAL_AFTER = 0.5
@@ -214,7 +222,19 @@ def _subcommand(child: Child) -> str | None:
     return argv[at] if at < len(argv) else None
 
 
+def run_worker_id(name: str) -> str:
+    """The worker id of child `name` of this `syshax run`. A restarted worker keeps it: its
+    jobs stay pending under the id, and a worker that starts under an id takes back what is
+    pending under it (workers/upkeep.py `take_back_own`), so the streams it held resume as
+    soon as it has loaded its model (about 1-3 s after the crash with the 1 s first backoff).
+    A new id would leave them to another live worker's claim once the dead one's heartbeat
+    expired (its TTL, 10 s by default) and, in the one-worker layout, to the restarted worker
+    after that TTL."""
+    return f"{name}-{socket.gethostname()}-{os.getpid()}-{RUN_TOKEN}"
+
+
 def _worker(name: str, argv: list[str]) -> Child:
+    argv = [*argv, "--id", run_worker_id(name)]
     return Child(name, argv, stage=WORKERS_STAGE, stop_steps=WORKER_STOP)
 
 

@@ -49,6 +49,19 @@ def test_single_worker_gets_every_core_and_both_roles():
     assert argv[argv.index("--threads") + 1] == str(CORES)
 
 
+def test_each_worker_has_an_id_of_its_own_that_a_restart_keeps():
+    """A restarted worker must come back under its id to take back its own pending jobs at
+    once (workers/upkeep.py take_back_own) instead of waiting for its old heartbeat's TTL."""
+    args = argparse.Namespace(engine="echo", cpu_workers=2, no_gateway=True)
+    children = run._children(args, _cfg(xpu__device="cpu"), None)
+    again = run._children(args, _cfg(xpu__device="cpu"), None)  # a restart re-runs the same argv
+    ids = {c.name: c.argv[c.argv.index("--id") + 1] for c in children if "--id" in c.argv}
+    assert set(ids) == {"xpu-worker", "cpu-worker-0", "cpu-worker-1"}
+    assert len(set(ids.values())) == 3 and all(str(os.getpid()) in i for i in ids.values())
+    assert ids == {c.name: c.argv[c.argv.index("--id") + 1] for c in again if "--id" in c.argv}
+    assert run.run_worker_id("cpu-worker-0") == ids["cpu-worker-0"]
+
+
 def test_cpu_workers_zero_is_valid_and_negative_is_not():
     assert _cfg(cpu__workers="0").cpu.workers == 0
     with pytest.raises(Exception, match="cpu.workers"):
