@@ -130,7 +130,7 @@ def one(client: openai.OpenAI, model: str, kind: str, rng: random.Random, ids: l
         )
     if kind == "n2":
         r = client.chat.completions.create(model=model, messages=user(rng, "Name a colour for"), n=2, max_tokens=24, temperature=1.0, seed=seed)  # fmt: skip
-        ids.append(r.id)
+        ids.extend(f"{r.id}-{i}" for i in range(2))  # each choice runs as a job of its own
         return (
             ""
             if sorted(c.index for c in r.choices) == [0, 1]
