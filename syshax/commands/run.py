@@ -226,7 +226,7 @@ def run_worker_id(name: str) -> str:
     """The worker id of child `name` of this `syshax run`. A restarted worker keeps it: its
     jobs stay pending under the id, and a worker that starts under an id takes back what is
     pending under it (workers/upkeep.py `take_back_own`), so the streams it held resume as
-    soon as it has loaded its model (about 1-3 s after the crash with the 1 s first backoff).
+    soon as it has loaded its model (its first restart is at once: `restart_at_once`).
     A new id would leave them to another live worker's claim once the dead one's heartbeat
     expired (its TTL, 10 s by default) and, in the one-worker layout, to the restarted worker
     after that TTL."""
@@ -235,7 +235,7 @@ def run_worker_id(name: str) -> str:
 
 def _worker(name: str, argv: list[str]) -> Child:
     argv = [*argv, "--id", run_worker_id(name)]
-    return Child(name, argv, stage=WORKERS_STAGE, stop_steps=WORKER_STOP)
+    return Child(name, argv, stage=WORKERS_STAGE, stop_steps=WORKER_STOP, restart_at_once=True)
 
 
 def _embedded_redis(cfg, home) -> tuple[Child, FarmRedis]:

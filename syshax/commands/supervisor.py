@@ -4,7 +4,8 @@
 A `Child` is a command (started with subprocess) or a function (run in a forked process, so it
 inherits what the parent loaded). The `Supervisor` starts them, restarts one that exits
 unexpectedly after an exponential backoff (`backoff`, doubled per restart, capped at
-`max_backoff`; a child that ran `healthy_after` seconds starts again from `backoff`), logs each
+`max_backoff`; a child that ran `healthy_after` seconds starts again from `backoff`; a child
+with `restart_at_once` comes back at once the first time, then after the backoff), logs each
 exit with its code, and stops them stage by stage (lower `stage` first): each stop step sends
 its signal to the stage's running children and waits up to its timeout; SIGKILL ends what is
 left. `kill()` (a second Ctrl-C) ends every child at once, even in the middle of a `stop()`.
@@ -68,6 +69,9 @@ class Child:
     restart_on_success: bool = True  # False: exit status 0 = done (rq's burst mode)
     env: dict[str, str] | None = None  # for a command (default: the supervisor's)
     max_backoff: float | None = None  # cap of its restart delay (None: the supervisor's)
+    # The first restart (after a start or a healthy run) without a delay: for a child whose
+    # clients wait on it (a worker holding streams); a crash loop still backs off from the second.
+    restart_at_once: bool = False
     proc: Any = field(default=None, repr=False)
     restarts: int = 0  # since the last healthy run
     started_at: float = 0.0
@@ -161,7 +165,10 @@ class Supervisor:
                 if now - c.started_at >= self.healthy_after:
                     c.restarts = 0  # it ran a while: a fresh backoff
                 cap = self.max_backoff if c.max_backoff is None else c.max_backoff
-                delay = min(self.backoff * 2**c.restarts, cap)
+                if c.restart_at_once and c.restarts == 0:
+                    delay = 0.0
+                else:
+                    delay = min(self.backoff * 2 ** (c.restarts - c.restart_at_once), cap)
                 self.log.error("%s exited with %s; restarting in %gs", c.name, code, delay)
                 c.restarts += 1
                 c.next_start = now + delay

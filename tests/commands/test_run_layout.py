@@ -60,6 +60,8 @@ def test_each_worker_has_an_id_of_its_own_that_a_restart_keeps():
     assert len(set(ids.values())) == 3 and all(str(os.getpid()) in i for i in ids.values())
     assert ids == {c.name: c.argv[c.argv.index("--id") + 1] for c in again if "--id" in c.argv}
     assert run.run_worker_id("cpu-worker-0") == ids["cpu-worker-0"]
+    # and comes back at once the first time (the batch worker after the usual backoff)
+    assert {c.name for c in children if c.restart_at_once} == set(ids)
 
 
 def test_cpu_workers_zero_is_valid_and_negative_is_not():

@@ -59,6 +59,18 @@ def test_a_child_that_exits_is_restarted_with_a_capped_backoff(caplog):
         assert start - end >= delay - 0.01  # no restart before its backoff
 
 
+def test_a_child_restarted_at_once_backs_off_from_its_second_restart(caplog):
+    caplog.set_level(logging.INFO, "syshax.supervisor")
+    child = Child("worker", _py("raise SystemExit(3)"), restart_at_once=True)
+    sup = Supervisor([child], backoff=0.05, max_backoff=0.2, healthy_after=60)
+    sup.start()
+    try:
+        assert wait_for(lambda: (sup.poll(), len(_restart_delays(caplog)) >= 4)[1], 10)
+    finally:
+        sup.stop()
+    assert _restart_delays(caplog)[:4] == ["0s", "0.05s", "0.1s", "0.2s"]
+
+
 def test_a_child_that_ran_long_enough_gets_a_fresh_backoff(caplog):
     caplog.set_level(logging.INFO, "syshax.supervisor")
     child = Child("flaky", _py("import time; time.sleep(0.2); raise SystemExit(1)"))
