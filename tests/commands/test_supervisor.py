@@ -40,17 +40,22 @@ def _poll_for(sup: Supervisor, seconds: float) -> None:
         time.sleep(0.01)
 
 
-def test_a_child_that_exits_is_restarted_with_a_capped_backoff(caplog):
+def _crash_four_times(caplog, child: Child) -> list[str]:
+    """The first four restart delays the supervisor logs for `child` (which exits at once),
+    with a backoff of 0.05 s capped at 0.2 s."""
     caplog.set_level(logging.INFO, "syshax.supervisor")
-    child = Child("crasher", _py("raise SystemExit(3)"))
     sup = Supervisor([child], backoff=0.05, max_backoff=0.2, healthy_after=60)
     sup.start()
     try:
         assert wait_for(lambda: (sup.poll(), len(_restart_delays(caplog)) >= 4)[1], 10)
     finally:
         sup.stop()
-    delays = _restart_delays(caplog)
-    assert delays[:4] == ["0.05s", "0.1s", "0.2s", "0.2s"]
+    return _restart_delays(caplog)[:4]
+
+
+def test_a_child_that_exits_is_restarted_with_a_capped_backoff(caplog):
+    child = Child("crasher", _py("raise SystemExit(3)"))
+    assert _crash_four_times(caplog, child) == ["0.05s", "0.1s", "0.2s", "0.2s"]
     exits = [r.getMessage() for r in caplog.records if "exited with" in r.getMessage()]
     assert all(m.startswith("crasher exited with 3;") for m in exits)
     starts = [r.created for r in caplog.records if r.getMessage().startswith("started crasher")]
@@ -60,15 +65,8 @@ def test_a_child_that_exits_is_restarted_with_a_capped_backoff(caplog):
 
 
 def test_a_child_restarted_at_once_backs_off_from_its_second_restart(caplog):
-    caplog.set_level(logging.INFO, "syshax.supervisor")
     child = Child("worker", _py("raise SystemExit(3)"), restart_at_once=True)
-    sup = Supervisor([child], backoff=0.05, max_backoff=0.2, healthy_after=60)
-    sup.start()
-    try:
-        assert wait_for(lambda: (sup.poll(), len(_restart_delays(caplog)) >= 4)[1], 10)
-    finally:
-        sup.stop()
-    assert _restart_delays(caplog)[:4] == ["0s", "0.05s", "0.1s", "0.2s"]
+    assert _crash_four_times(caplog, child) == ["0s", "0.05s", "0.1s", "0.2s"]
 
 
 def test_a_child_that_ran_long_enough_gets_a_fresh_backoff(caplog):

@@ -116,6 +116,34 @@ def chat(max_tokens: int, stream: bool = False, **extra) -> dict:
     }
 
 
+def stream_chat(
+    farm: RunFarm, max_tokens: int, at_token_10
+) -> tuple[int, int, str | None, dict | None]:
+    """A streamed chat of `max_tokens` tokens (EOS ignored, usage included), calling
+    `at_token_10()` once when the 10th content chunk has arrived: (content chunks, [DONE]
+    lines, finish reason, usage)."""
+    tokens, dones, finish, usage, called = 0, 0, None, None, False
+    body = chat(max_tokens, True, ignore_eos=True, stream_options={"include_usage": True})
+    with httpx.stream("POST", farm.url + "/v1/chat/completions", json=body, timeout=120) as res:
+        assert res.status_code == 200
+        for line in res.iter_lines():
+            if not line.startswith("data: "):
+                continue
+            if line == "data: [DONE]":
+                dones += 1
+                continue
+            chunk = json.loads(line[6:])
+            assert "error" not in chunk, chunk
+            usage = chunk.get("usage") or usage
+            for choice in chunk["choices"]:
+                tokens += bool(choice["delta"].get("content"))
+                finish = choice.get("finish_reason") or finish
+            if tokens >= 10 and not called:
+                called = True
+                at_token_10()
+    return tokens, dones, finish, usage
+
+
 @pytest.fixture(scope="module")
 def farm(tmp_path_factory):
     f = RunFarm(tmp_path_factory.mktemp("run"))
@@ -241,26 +269,17 @@ def test_a_killed_redis_comes_back_and_the_queued_batch_completes(farm):
 def test_a_worker_killed_mid_stream_comes_back_under_its_id_and_takes_the_stream_back(farm):
     """The supervisor restarts the CPU decode worker under the same worker id, so it takes
     back the job pending under that id as soon as it is up, not after its old heartbeat's TTL
-    and a claim by another worker (10 s -> ~4 s of stall on the Zen 4 VM, docs/reliability.md).
+    and a claim by another worker (~10 s -> ~3 s of stall on the Zen 4 VM, docs/reliability.md).
     Which of the two resumes the stream is a race on a loaded machine (a restart slower than
     the TTL leaves it to the claim), so the test asserts the id and a whole stream."""
-    tokens, finish, usage, killed = 0, None, None, []
-    body = chat(120, True, ignore_eos=True, stream_options={"include_usage": True})
-    with httpx.stream("POST", farm.url + "/v1/chat/completions", json=body, timeout=120) as res:
-        assert res.status_code == 200
-        for line in res.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            assert "error" not in chunk, chunk
-            usage = chunk.get("usage") or usage
-            for choice in chunk["choices"]:
-                tokens += bool(choice["delta"].get("content"))
-                finish = choice.get("finish_reason") or finish
-            if tokens == 10 and not killed:  # the decode runs on the CPU worker (decode_device)
-                killed = [pid for pid, cmd in farm.processes() if "--device-class cpu" in cmd]
-                assert len(killed) == 1, farm.processes()
-                os.kill(killed[0], signal.SIGKILL)
+    killed = []
+
+    def kill_the_decoder() -> None:  # the decode runs on the CPU worker (decode_device)
+        killed.extend(pid for pid, cmd in farm.processes() if "--device-class cpu" in cmd)
+        assert len(killed) == 1, farm.processes()
+        os.kill(killed[0], signal.SIGKILL)
+
+    _, _, finish, usage = stream_chat(farm, 120, at_token_10=kill_the_decoder)
     assert finish == "length" and usage is not None and usage["completion_tokens"] == 120, usage
     log = farm.log()
     assert "cpu-worker-0 exited with -9" in log, log[-3000:]
@@ -275,24 +294,11 @@ def test_ctrl_c_lets_the_stream_finish_and_leaves_nothing_behind(farm):
     tag = KVStore(farm.redis()).farm
     seg = shared_memory.SharedMemory(name=segment_prefix(tag) + "orphan", create=True, size=64)
     seg.close()
-    tokens, dones, finish, usage = 0, 0, None, None
-    body = chat(300, True, ignore_eos=True, stream_options={"include_usage": True})
-    with httpx.stream("POST", farm.url + "/v1/chat/completions", json=body, timeout=120) as res:
-        assert res.status_code == 200
-        for line in res.iter_lines():
-            if not line.startswith("data: "):
-                continue
-            if line == "data: [DONE]":
-                dones += 1
-                continue
-            chunk = json.loads(line[6:])
-            assert "error" not in chunk, chunk
-            usage = chunk.get("usage") or usage
-            for choice in chunk["choices"]:
-                tokens += bool(choice["delta"].get("content"))
-                finish = choice.get("finish_reason") or finish
-            if tokens == 10:
-                os.killpg(farm.proc.pid, signal.SIGINT)  # a terminal's Ctrl-C
+
+    def ctrl_c() -> None:
+        os.killpg(farm.proc.pid, signal.SIGINT)  # a terminal's Ctrl-C
+
+    tokens, dones, finish, usage = stream_chat(farm, 300, at_token_10=ctrl_c)
     # The whole stream: all 300 tokens, its finish, one [DONE].
     assert finish == "length" and dones == 1, (finish, dones)
     assert usage is not None and usage["completion_tokens"] == 300, usage
