@@ -108,8 +108,8 @@ def launched_farm(args: argparse.Namespace, info: dict[str, Any] | None = None) 
 
 
 def config_setting(item: str) -> tuple[str, Any]:
-    """--set KEY=VALUE (serve.py, soak.py) checked and typed as `syshax config KEY VALUE` does (an unknown key or a bad
-    value is refused here, not by the launched farm)."""
+    """--set KEY=VALUE (serve.py, soak.py), checked and typed as `syshax config KEY VALUE`
+    does it (an unknown key or a bad value is refused here, not by the launched farm)."""
     from syshax.shared.config import Config, ConfigError, get_key, set_key
 
     key, eq, value = item.partition("=")
