@@ -1,6 +1,6 @@
 """Intel AMX against the VNNI tiles in one process, alternating: GEMMs and fused steps.
 
-`gemm`: Q4_0, Q4_1, Q8_0, Q4_K or Q5_K matrices of the shapes the models here have (random weights), n
+`gemm`: Q4_0, Q4_1, Q8_0, Q4_K, Q5_K or Q6_K matrices of the shapes the models here have (random weights), n
 activation rows,
 timed with AMX off and on in turn (sx_amx_enable), GMAC/s of each and on / off.
 `step`: one fused step of n prompt rows of one sequence (a prefill chunk; with
@@ -63,8 +63,8 @@ def _compare(native, label: str, work: float, unit: str, fn, rounds: int, repeat
 
 
 def _matrix(qtype: str, rows: int, cols: int):
-    """A packed matrix of random weights: Q4_0 / Q8_0 quantized from normal floats; Q4_1, Q4_K
-    and Q5_K random blocks with small finite scales (no quantizer for them here; speed only)."""
+    """A packed matrix of random weights: Q4_0 / Q8_0 quantized from normal floats; Q4_1, Q4_K,
+    Q5_K and Q6_K random blocks with small finite scales (no quantizer for them here; speed only)."""
     import numpy as np
     import torch
     from syshax.workers.cpu import lib
@@ -72,11 +72,11 @@ def _matrix(qtype: str, rows: int, cols: int):
     if qtype in ("q4_0", "q8_0"):
         t = lib.QTYPES[qtype]
         return lib.quant_mat(t, lib.quantize(torch.randn(rows, cols), t), rows, cols)
-    t = {"q4_1": lib.Q4_1, "q4_k": lib.Q4_K, "q5_k": lib.Q5_K}[qtype]
+    t = {"q4_1": lib.Q4_1, "q4_k": lib.Q4_K, "q5_k": lib.Q5_K, "q6_k": lib.Q6_K}[qtype]
     rng = np.random.default_rng(0)
     nb, bb = cols // lib.BLOCK_ELEMS[t], lib.BLOCK_BYTES[t]
     blocks = rng.integers(0, 256, size=(rows, nb, bb), dtype=np.uint8)
-    for off in (0, 2):  # d and m (K-quants: dmin)
+    for off in (208,) if t == lib.Q6_K else (0, 2):  # d and m (K-quants: dmin; Q6_K: d only, last)
         d = (rng.standard_normal((rows, nb)) * 0.01).astype(np.float16)
         blocks[..., off : off + 2] = d.view(np.uint8).reshape(rows, nb, 2)
     return lib.quant_mat(t, torch.from_numpy(blocks.reshape(rows, nb * bb)), rows, cols)
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     p.add_argument(
         "--type",
-        choices=("q4_0", "q4_1", "q8_0", "q4_k", "q5_k"),
+        choices=("q4_0", "q4_1", "q8_0", "q4_k", "q5_k", "q6_k"),
         default="q4_0",
         help="gemm: weight type",
     )

@@ -1,5 +1,5 @@
 """Intel AMX for the quantized GEMMs of prompt chunks (workers/cpu/native/amx.c): Q4_0, Q4_1,
-Q8_0, Q4_K and Q5_K give the same bits as the VNNI tiles, in the GEMM and in the fused step,
+Q8_0, Q4_K, Q5_K and Q6_K give the same bits as the VNNI tiles, in the GEMM and in the fused step,
 whatever the row count.
 AMX takes GEMMs of 48 activation rows or more (SX_AMX_MIN_ROWS); the other kernel tests stay
 under that and test the VNNI tiles. On a machine without AMX-INT8 these tests skip."""
@@ -56,12 +56,13 @@ def test_amx_gemm_is_the_vnni_gemm_bit_for_bit(amx, rows, cols, n):
     assert torch.equal(on, off)
 
 
-@pytest.mark.parametrize("qtype", [lib.Q4_1, lib.Q8_0, lib.Q4_K, lib.Q5_K])
+@pytest.mark.parametrize("qtype", [lib.Q4_1, lib.Q8_0, lib.Q4_K, lib.Q5_K, lib.Q6_K])
 @pytest.mark.parametrize(("rows", "cols"), [(40, 256), (264, 2048)])
 @pytest.mark.parametrize("n", [47, 49, 100])
 def test_amx_gemm_of_other_types_is_the_vnni_gemm_bit_for_bit(amx, qtype, rows, cols, n):
-    """Q4_1 and Q8_0 (against the 8-row VNNI tile), Q4_K and Q5_K (against the 16-row one),
-    random blocks (every scale, min and 5th bit pattern): one K-quant super-block and eight,
+    """Q4_1 and Q8_0 (against the 8-row VNNI tile), Q4_K, Q5_K and Q6_K (against the 16-row
+    one), random blocks (every scale, min and 5th / 6th bit pattern, Q6_K's int8 scales down to
+    -128, so its products reach the int32 and float extremes): one K-quant super-block and eight,
     a remainder tile of 8 rows, a last AMX group of 1 activation row."""
     mat = mat_of(qtype, random_blocks(qtype, rows, cols, seed=n), rows, cols, torch.randn(rows))
     x = torch.randn(n, cols, generator=torch.Generator().manual_seed(n)) * 3

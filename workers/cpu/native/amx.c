@@ -1,8 +1,8 @@
-/* Q4_0, Q4_1, Q8_0, Q4_K and Q5_K rows on Intel AMX (Sapphire Rapids and later) for GEMMs of
+/* Q4_0, Q4_1, Q8_0, Q4_K, Q5_K and Q6_K rows on Intel AMX (Sapphire Rapids and later) for GEMMs of
  * 48 activation rows or more (SX_AMX_MIN_ROWS, gemm.h): prompt chunks, where the VNNI tiles
  * (gemm.c, tile16.c) are bound by arithmetic, not by the weights. The Q4_0 path is described
  * here; Q4_1 (unsigned quants, a min term) and Q8_0 (quants as stored) take the same one, the
- * K-quants their own at the end of the file.
+ * K-quants their own at the end of the file (Q6_K: one TDPBSSD per 16-column half block).
  *
  * The packed Q4_0 tiles (sx.h) are already AMX's B layout: a 32-byte chunk holds 4 quant bytes
  * of each of 8 rows, so the low nibbles of the same chunk of two adjacent tiles are one 64-byte
@@ -65,12 +65,14 @@ typedef struct {
  * own way (PyTorch's oneDNN runs bf16 matmuls on AMX and ends with TILERELEASE; libgomp's pool
  * is shared), and a tile instruction on released tiles raises SIGILL (tests/workers/cpu/
  * test_amx.py). STTILECFG is cheap next to one call's work; LDTILECFG also zeroes the tiles. */
-static uint8_t *thread_setup(size_t bytes) { /* the unpacked weights' buffer (B tiles, scales) */
+static uint8_t *thread_setup(size_t bytes, int a_cols) { /* the unpacked weights' buffer (B tiles, scales) */
+    /* a_cols: the quants per activation row a TDPBSSD takes: 32 (a block), or Q6_K's 16 (a half
+     * block, which has its own scale): its B tiles then have 4 rows, not 8 */
     tile_config want = {0}, now;
     want.palette = 1;
     for (int i = T_C0; i <= T_C3; i++) want.rows[i] = 16, want.colsb[i] = 64; /* 16 act rows x 16 sums */
-    for (int i = T_A0; i <= T_A1; i++) want.rows[i] = 16, want.colsb[i] = 32; /* 16 act rows x 32 quants */
-    for (int i = T_B0; i <= T_B1; i++) want.rows[i] = 8, want.colsb[i] = 64;  /* 8 x (16 weight rows x 4) */
+    for (int i = T_A0; i <= T_A1; i++) want.rows[i] = 16, want.colsb[i] = a_cols; /* 16 act rows x quants */
+    for (int i = T_B0; i <= T_B1; i++) want.rows[i] = a_cols / 4, want.colsb[i] = 64; /* (16 weight rows x 4) */
     _tile_storeconfig(&now);
     if (memcmp(&now, &want, sizeof want)) _tile_loadconfig(&want);
     return sx_thread_scratch(bytes);
@@ -198,14 +200,17 @@ static void rows_q8_0(const uint8_t *buf, int nb, const sx_act *act, int c, floa
 
 /* ---- Q4_K and Q5_K ------------------------------------------------------------------------
  * The same scheme per 32-column sub-block: its B tile is the unsigned quants (no zero point:
- * the mins are their own term), TDPBSUD, then per activation row tile_qk_x2's integer product
- * with the 16 rows' sub-block scales, its multiply-add into the super-block's sum, and at each
+ * the mins are their own term), TDPBSUD, then per activation row tile_qk_x2's product with the
+ * 16 rows' sub-block scales, its multiply-add into the super-block's sum, and at each
  * super-block's end its mins term and the two multiply-adds into the row's accumulator, in
- * tile_qk_x2's order. Per super-block the buffer holds the 8 sub-blocks' B tiles (4096 bytes),
- * their scales as int32 (512), their mins as floats (512), d and -dmin (128). */
+ * tile_qk_x2's order. The product is taken in float, not with tile_qk_x2's VPMULLD (two uops on
+ * one port, as costly per 16 sums as the rest of the scaling): the sum is under 32 x 31 x 128
+ * and the scale 6 bits, so the product is an integer under 2^23, exact in a float, and the
+ * result the same bits. Per super-block the buffer holds the 8 sub-blocks' B tiles (4096 bytes),
+ * their scales (512) and mins (512) as floats, d and -dmin (128). */
 #define KSB_BUF 5248
 #define KSRC(b) (buf + (size_t)((b) / 8) * KSB_BUF + 512 * ((b) % 8)) /* sub-block b's B tile */
-#define KSC(b) ((const __m512i *)(buf + (size_t)((b) / 8) * KSB_BUF + 4096 + 64 * ((b) % 8)))
+#define KSC(b) ((const float *)(buf + (size_t)((b) / 8) * KSB_BUF + 4096 + 64 * ((b) % 8)))
 #define KMN(sb, s) ((const float *)(buf + (size_t)(sb) * KSB_BUF + 4608 + 64 * (s)))
 #define KD(sb) ((const float *)(buf + (size_t)(sb) * KSB_BUF + 5120))
 #define KNDMIN(sb) ((const float *)(buf + (size_t)(sb) * KSB_BUF + 5184))
@@ -227,7 +232,7 @@ static void fill_k(int type, uint8_t *buf, const uint8_t *w, size_t tile, int ns
                     q = _mm512_or_si512(q, _mm512_and_si512(shift16z(ld2(w, tile, SX_Q4K_TILE_BYTES + 32 * k), 4 - s), b4));
                 _mm512_store_si512((__m512i *)(dst + 512 * s + 64 * k), q);
             }
-            _mm512_store_si512((__m512i *)(dst + 4096 + 64 * s), _mm512_cvtepu8_epi32(ld2x8(w, tile, 32 + 8 * s)));
+            _mm512_store_ps((float *)(dst + 4096 + 64 * s), _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(ld2x8(w, tile, 32 + 8 * s))));
             _mm512_store_ps((float *)(dst + 4608 + 64 * s), _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(ld2x8(w, tile, 96 + 8 * s))));
         }
         _mm512_store_ps((float *)(dst + 5120), ld2ph(w, tile, 0));
@@ -251,11 +256,11 @@ static void rows_k(const uint8_t *buf, int nb, const sx_act *act, int c, float *
         if (b == 0) continue;
         const int p = b - GROUP; /* the previous group's first sub-block */
         for (int j = 0; j < GROUP; j++) {
-            const __m512i sc = _mm512_load_si512(KSC(p + j));
+            const __m512 sc = _mm512_load_ps(KSC(p + j));
 #pragma GCC unroll 16
             for (int k = 0; k < 16; k++) {
-                const __m512i I = _mm512_mullo_epi32(_mm512_load_si512((const __m512i *)(sums[cur ^ 1][j] + 16 * k)), sc);
-                sd[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_set1_ps(ad[(size_t)k * nb + p + j]), sd[k]);
+                const __m512 I = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512((const __m512i *)(sums[cur ^ 1][j] + 16 * k))), sc);
+                sd[k] = _mm512_fmadd_ps(I, _mm512_set1_ps(ad[(size_t)k * nb + p + j]), sd[k]);
             }
         }
         if ((p + GROUP) % 8) continue;
@@ -272,9 +277,101 @@ static void rows_k(const uint8_t *buf, int nb, const sx_act *act, int c, float *
     }
 }
 
+/* ---- Q6_K ----------------------------------------------------------------------------------
+ * Each 16-column half of a 32-column block has its own scale per weight row, so one TDPBSSD per
+ * half (K = 16: A 16 activation rows x 16 quants, read in place at the half's offset; B 4 rows),
+ * of the quants less 32, signed: the zero point is then in the integers, the same exact sums as
+ * tile_q6k_x2's (which starts each half from hsum, -32 x the activation quants' sum). Then per
+ * activation row, in tile_q6k_x2's order: I = s_lo x sc_lo + s_hi x sc_hi, the block's
+ * multiply-add sd += I x ad, and per super-block acc += d x sd. I is taken in float (a multiply
+ * and an FMA, not two VPMULLDs): |s| <= 16 x 32 x 128 = 2^16, so each product is an integer of
+ * at most 2^23 and I of at most 2^24, all exact in a float: the same bits as the int32 I. Per
+ * super-block the buffer holds the 16 halves' B tiles (4096 bytes), their scales as floats
+ * (1024) and d (64). */
+#define K6_BUF 5184
+#define K6SRC(h) (buf + (size_t)((h) / 16) * K6_BUF + 256 * ((h) % 16)) /* half-block h = 2 b + half */
+#define K6SC(h) ((const float *)(buf + (size_t)((h) / 16) * K6_BUF + 4096 + 64 * ((h) % 16)))
+#define K6D(sb) ((const float *)(buf + (size_t)(sb) * K6_BUF + 5120))
+
+static void fill_k6(uint8_t *buf, const uint8_t *w, size_t tile, int nsb, const uint8_t *next, size_t next_len) {
+    const __m512i z = _mm512_set1_epi8(32);
+    const sx_pf pf = {next, nsb ? (next_len + nsb - 1) / nsb : 0, next_len};
+    for (int sb = 0; sb < nsb; sb++, w += SX_Q6K_TILE_BYTES) {
+        prefetch_share(&pf, sb);
+        uint8_t *dst = buf + (size_t)sb * K6_BUF;
+#pragma GCC unroll 8
+        for (int b = 0; b < 8; b++) { /* unrolled: the shift counts become immediates */
+            for (int half = 0; half < 2; half++)
+                for (int k = 0; k < 4; k++)
+                    _mm512_store_si512((__m512i *)(dst + 256 * (2 * b + half) + 64 * k),
+                                       _mm512_sub_epi8(q6k_quants(w, tile, b, half, k), z));
+            __m512i sl, sh;
+            q6k_scales(w, tile, b, &sl, &sh);
+            _mm512_store_ps((float *)(dst + 4096 + 128 * b), _mm512_cvtepi32_ps(sl));
+            _mm512_store_ps((float *)(dst + 4160 + 128 * b), _mm512_cvtepi32_ps(sh));
+        }
+        _mm512_store_ps((float *)(dst + 5120), ld2ph(w, tile, 0));
+    }
+}
+
+/* Half-block h's sums into tile C (A: its 16 quants of 16 activation rows; B: its unpacked quants). */
+#define DOT6(C, A, B, h)                                                                                               \
+    do {                                                                                                               \
+        _tile_loadd(A, a[(h) / 2].qs + 16 * ((h) % 2), stride);                                                        \
+        _tile_loadd(B, K6SRC(h), 64);                                                                                  \
+        _tile_zero(C);                                                                                                 \
+        _tile_dpbssd(C, A, B);                                                                                         \
+    } while (0)
+
+/* 16 activation rows from row c, all super-blocks, pipelined as rows_k (a group of 4 halves is
+ * 2 blocks and never straddles a super-block): out[16 k + i] = row c + k, weight row r + i. */
+static void rows_k6(const uint8_t *buf, int nb, const sx_act *act, int c, float *out) {
+    const size_t a0 = (size_t)c * nb;
+    const sx_act_block *a = act->blocks + a0;
+    const float *ad = act->scales + a0;
+    const long stride = (long)nb * (long)sizeof(sx_act_block);
+    int32_t sums[2][GROUP][16 * 16] __attribute__((aligned(64)));
+    __m512 sd[16]; /* the super-block's sums */
+#pragma GCC unroll 16
+    for (int k = 0; k < 16; k++) sd[k] = _mm512_setzero_ps(), _mm512_storeu_ps(out + 16 * k, sd[k]);
+    for (int h = 0, cur = 0; h <= 2 * nb; h += GROUP, cur ^= 1) {
+        if (h < 2 * nb) {
+            DOT6(T_C0, T_A0, T_B0, h);
+            DOT6(T_C1, T_A1, T_B1, h + 1);
+            DOT6(T_C2, T_A0, T_B0, h + 2);
+            DOT6(T_C3, T_A1, T_B1, h + 3);
+            _tile_stored(T_C0, sums[cur][0], 64);
+            _tile_stored(T_C1, sums[cur][1], 64);
+            _tile_stored(T_C2, sums[cur][2], 64);
+            _tile_stored(T_C3, sums[cur][3], 64);
+        }
+        if (h == 0) continue;
+        const int p = h - GROUP; /* the previous group's first half */
+        for (int j = 0; j < GROUP; j += 2) {
+            const __m512 sl = _mm512_load_ps(K6SC(p + j)), sh = _mm512_load_ps(K6SC(p + j + 1));
+            const int b = (p + j) / 2;
+#pragma GCC unroll 16
+            for (int k = 0; k < 16; k++) {
+                const __m512i lo = _mm512_load_si512((const __m512i *)(sums[cur ^ 1][j] + 16 * k));
+                const __m512i hi = _mm512_load_si512((const __m512i *)(sums[cur ^ 1][j + 1] + 16 * k));
+                const __m512 I = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi), sh, _mm512_mul_ps(_mm512_cvtepi32_ps(lo), sl));
+                sd[k] = _mm512_fmadd_ps(I, _mm512_set1_ps(ad[(size_t)k * nb + b]), sd[k]);
+            }
+        }
+        if ((p + GROUP) % 16) continue;
+        const __m512 d = _mm512_load_ps(K6D(p / 16)); /* its super-block is complete */
+#pragma GCC unroll 16
+        for (int k = 0; k < 16; k++) {
+            _mm512_storeu_ps(out + 16 * k, _mm512_fmadd_ps(d, sd[k], _mm512_loadu_ps(out + 16 * k)));
+            sd[k] = _mm512_setzero_ps();
+        }
+    }
+}
+
 int sx_amx_rows(const sx_mat *w, int r, int n, const sx_act *act, float *y, int ys, int y0) {
-    const int nb = w->cols / SX_QK, kq = w->type == SX_Q4_K || w->type == SX_Q5_K;
-    uint8_t *buf = thread_setup(kq ? (size_t)(nb / 8) * KSB_BUF : (size_t)nb * BLOCK_BUF);
+    const int nb = w->cols / SX_QK, kq = w->type == SX_Q4_K || w->type == SX_Q5_K, k6 = w->type == SX_Q6_K;
+    uint8_t *buf = thread_setup(k6 ? (size_t)(nb / 8) * K6_BUF : kq ? (size_t)(nb / 8) * KSB_BUF : (size_t)nb * BLOCK_BUF,
+                                k6 ? 16 : 32);
     if (!buf) return 0;
     const int n_tiles = (w->rows + SX_TILE - 1) / SX_TILE, t = r / SX_TILE;
     const size_t tile = sx_packed_bytes(w->type, SX_TILE, w->cols);
@@ -282,10 +379,11 @@ int sx_amx_rows(const sx_mat *w, int r, int n, const sx_act *act, float *y, int 
     const int ahead = n_tiles - t - 2 < 2 ? n_tiles - t - 2 : 2; /* the next 16 rows' tiles */
     const uint8_t *next = ahead > 0 ? wt + 2 * tile : NULL;
     const size_t next_len = ahead > 0 ? (size_t)ahead * tile : 0;
-    if (kq) fill_k(w->type, buf, wt, tile, nb / 8, next, next_len);
+    if (k6) fill_k6(buf, wt, tile, nb / 8, next, next_len);
+    else if (kq) fill_k(w->type, buf, wt, tile, nb / 8, next, next_len);
     else fill_b(w->type, buf, wt, tile, nb, next, next_len);
     void (*rows)(const uint8_t *, int, const sx_act *, int, float *) =
-        kq ? rows_k : w->type == SX_Q4_1 ? rows_q4_1 : w->type == SX_Q8_0 ? rows_q8_0 : rows_q4_0;
+        k6 ? rows_k6 : kq ? rows_k : w->type == SX_Q4_1 ? rows_q4_1 : w->type == SX_Q8_0 ? rows_q8_0 : rows_q4_0;
     float out[16 * 16];
     for (int c = 0; c < n; c += 16) {
         rows(buf, nb, act, c, out);

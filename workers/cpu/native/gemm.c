@@ -214,7 +214,7 @@ static void gemm_rows_q(const sx_mat *w, int r0, int r1, int n, const sx_act *ac
     if (!tiles) return;
 #ifdef SX_AMX
     const int amx_type = w->type == SX_Q4_0 || w->type == SX_Q4_1 || w->type == SX_Q8_0 || w->type == SX_Q4_K ||
-                         w->type == SX_Q5_K;
+                         w->type == SX_Q5_K || w->type == SX_Q6_K;
     const int amx = amx_type && nrc == 0 && n >= SX_AMX_MIN_ROWS && sx_amx_active();
 #endif
     for (int r = r0; r < r1;) {

@@ -151,6 +151,23 @@ SX_AI __m512 ld2ph(const uint8_t *w, size_t tile, int off) { /* 8 fp16 of each t
 SX_AI __m512i shift16z(__m512i x, int left) { /* 16-bit lanes by `left` (< 0: right); a constant */
     return left > 0 ? _mm512_slli_epi16(x, left) : left < 0 ? _mm512_srli_epi16(x, -left) : x;
 }
+
+/* Q6_K over two tiles (sx.h's layout): quants 16 half + 4k .. + 3 of 32-column block b, as 0..63, of
+ * the 16 rows (one 64-byte row of an AMX B tile); the block's int8 scales of its two 16-column
+ * halves as int32 (tile16.c, amx.c). */
+SX_AI __m512i q6k_quants(const uint8_t *w, size_t tile, int b, int half, int k) {
+    const int h = b / 4, t = b % 4, g = 2 * h + t % 2, o = 32 * (4 * half + k);
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+    const __m512i ql = ld2(w, tile, 144 + 256 * g + o), qh = ld2(w, tile, 1168 + 256 * h + o);
+    const __m512i nib = _mm512_and_si512(t < 2 ? ql : _mm512_srli_epi16(ql, 4), m4);
+    return _mm512_or_si512(nib, _mm512_and_si512(shift16z(qh, 4 - 2 * t), m30));
+}
+SX_AI void q6k_scales(const uint8_t *w, size_t tile, int b, __m512i *sl, __m512i *sh) { /* block b's two halves */
+    const __m512i sc16 = _mm512_cvtepi8_epi16(_mm256_inserti128_si256(
+        _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(w + 16 + 16 * b))),
+        _mm_loadu_si128((const __m128i *)(w + tile + 16 + 16 * b)), 1));
+    *sl = _mm512_srai_epi32(_mm512_slli_epi32(sc16, 16), 16), *sh = _mm512_srai_epi32(sc16, 16);
+}
 #endif
 
 /* Activation rows every sx_act's blocks, scales and xsum arrays hold beyond the rows in use: AMX
@@ -160,7 +177,7 @@ SX_AI __m512i shift16z(__m512i x, int left) { /* 16-bit lanes by `left` (< 0: ri
 
 #if defined(SX_TILE16) && defined(__AMX_TILE__) && defined(__AMX_INT8__)
 #define SX_AMX 1
-/* amx.c: rows [r, r + 16) (two whole tiles) of a Q4_0, Q4_1, Q8_0, Q4_K or Q5_K matrix for all
+/* amx.c: rows [r, r + 16) (two whole tiles) of a Q4_0, Q4_1, Q8_0, Q4_K, Q5_K or Q6_K matrix for all
  * n activation rows on AMX, the results bit for bit those of the VNNI tiles; 0 (nothing done) if the
  * thread's buffer could not be allocated. Only while sx_amx_active(), from SX_AMX_MIN_ROWS. */
 int sx_amx_rows(const sx_mat *w, int r, int n, const sx_act *act, float *y, int ys, int y0);

@@ -161,20 +161,6 @@ SX_AI void tile_qk_x2(int type, int C, const uint8_t *w, size_t tile, const __m5
  * the 64 quant vectors, then per 32-column block the low and high 16-column scales, then d). */
 #define Q6K_VECS 81 /* vectors per super-block in the scratch: 64 quants, 16 scales, d */
 
-SX_AI __m512i q6k_quants(const uint8_t *w, size_t tile, int b, int half, int k) {
-    const int h = b / 4, t = b % 4, g = 2 * h + t % 2, o = 32 * (4 * half + k);
-    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
-    const __m512i ql = ld2(w, tile, 144 + 256 * g + o), qh = ld2(w, tile, 1168 + 256 * h + o);
-    const __m512i nib = _mm512_and_si512(t < 2 ? ql : _mm512_srli_epi16(ql, 4), m4);
-    return _mm512_or_si512(nib, _mm512_and_si512(shift16z(qh, 4 - 2 * t), m30));
-}
-SX_AI void q6k_scales(const uint8_t *w, size_t tile, int b, __m512i *sl, __m512i *sh) { /* block b's two halves */
-    const __m512i sc16 = _mm512_cvtepi8_epi16(_mm256_inserti128_si256(
-        _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(w + 16 + 16 * b))),
-        _mm_loadu_si128((const __m128i *)(w + tile + 16 + 16 * b)), 1));
-    *sl = _mm512_srai_epi32(_mm512_slli_epi32(sc16, 16), 16), *sh = _mm512_srai_epi32(sc16, 16);
-}
-
 static void q6k_unpack(const uint8_t *w, size_t tile, int nsb, __m512i *buf, const sx_pf *pf) {
     for (int sb = 0; sb < nsb; sb++, w += SX_Q6K_TILE_BYTES, buf += Q6K_VECS) {
         prefetch_share(pf, sb);
