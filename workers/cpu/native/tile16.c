@@ -73,7 +73,10 @@ SX_AI void tile_q4_x2(int C, const uint8_t *w, size_t tile, int nb, const sx_act
 
 /* Q4_K and Q5_K over two tiles: kquant.c's tile_k (VNNI) in 16 lanes, the same integer sums
  * (Q5_K: bit s of qh as bit 4 of sub-block s's quants), scale products and fused multiply-adds
- * in the same order per row.
+ * in the same order per row. The scale product is taken in float, not with tile_k's VPMULLD
+ * (two uops on one port on Intel): a sub-block's sum is under 32 x 31 x 128 and the scale has 6
+ * bits, so the product is an integer under 2^23, exact in a float, the same value tile_k
+ * converts (amx.c does the same).
  *
  * Unpacking the quants (a shift, an AND, Q5_K's fifth bit) costs as much as a third of the
  * VPDPBUSDs they feed at 4 activation rows a call, and a batch of n rows makes n / 4 calls over
@@ -93,7 +96,9 @@ SX_AI __m512i qk_quants(int type, const uint8_t *w, size_t tile, int s, int k) {
     }
     return q;
 }
-SX_AI __m512i qk_scales(const uint8_t *w, size_t tile, int s) { return _mm512_cvtepu8_epi32(ld2x8(w, tile, 32 + 8 * s)); }
+SX_AI __m512 qk_scales(const uint8_t *w, size_t tile, int s) { /* as floats: see tile_qk_x2 */
+    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(ld2x8(w, tile, 32 + 8 * s)));
+}
 SX_AI __m512 qk_mins(const uint8_t *w, size_t tile, int s) {
     return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(ld2x8(w, tile, 96 + 8 * s)));
 }
@@ -106,7 +111,7 @@ static void qk_unpack(int type, const uint8_t *w, size_t tile, int nsb, __m512i 
 #pragma GCC unroll 8
         for (int s = 0; s < 8; s++) {
             for (int k = 0; k < 8; k++) _mm512_store_si512(buf + 8 * s + k, qk_quants(type, w, tile, s, k));
-            _mm512_store_si512(buf + 64 + s, qk_scales(w, tile, s));
+            _mm512_store_ps(buf + 64 + s, qk_scales(w, tile, s));
             _mm512_store_ps(buf + 72 + s, qk_mins(w, tile, s));
         }
         _mm512_store_ps(buf + 80, ld2ph(w, tile, 0));
@@ -130,7 +135,7 @@ SX_AI void tile_qk_x2(int type, int C, const uint8_t *w, size_t tile, const __m5
         for (int s = 0; s < 8; s++) { /* unrolled: the shift becomes an immediate or goes */
             __m512i q[8];
             for (int k = 0; k < 8; k++) q[k] = p ? _mm512_load_si512(p + 8 * s + k) : qk_quants(type, w, tile, s, k);
-            const __m512i sc = p ? _mm512_load_si512(p + 64 + s) : qk_scales(w, tile, s);
+            const __m512 sc = p ? _mm512_load_ps(p + 64 + s) : qk_scales(w, tile, s);
             __m512i s0[SX_MAXC], s1[SX_MAXC];
             for (int c = 0; c < C; c++) s0[c] = s1[c] = _mm512_setzero_si512();
             for (int k = 0; k < 8; k += 2)
@@ -140,8 +145,8 @@ SX_AI void tile_qk_x2(int type, int C, const uint8_t *w, size_t tile, const __m5
                     s1[c] = dot_bcast4(s1[c], q[k + 1], x->qs + 4 * k + 4);
                 }
             for (int c = 0; c < C; c++) {
-                const __m512i I = _mm512_mullo_epi32(_mm512_add_epi32(s0[c], s1[c]), sc);
-                sd[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_set1_ps(ad[(size_t)c * nb + 8 * sb + s]), sd[c]);
+                const __m512 I = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0[c], s1[c])), sc);
+                sd[c] = _mm512_fmadd_ps(I, _mm512_set1_ps(ad[(size_t)c * nb + 8 * sb + s]), sd[c]);
             }
         }
         for (int s = 0; s < 8; s++) { /* the mins, each converted once for all C rows */
@@ -155,11 +160,14 @@ SX_AI void tile_qk_x2(int type, int C, const uint8_t *w, size_t tile, const __m5
 }
 
 /* Q6_K over two tiles: kquant.c's tile_k6 (VNNI) in 16 lanes, the same integer sums, scale
- * products and fused multiply-adds in the same order per row. Its unpack (low and high bits,
+ * products and fused multiply-adds in the same order per row. The block's I = s_lo x sc_lo +
+ * s_hi x sc_hi is taken in float (a multiply and an FMA, not tile_k6's two VPMULLDs): each half
+ * sum is at most 16 x 32 x 128 = 2^16, so the products are integers of at most 2^23 and I of at
+ * most 2^24, all exact in a float. Its unpack (low and high bits,
  * two shifts, two ANDs, an OR per vector) outweighs the VPDPBUSDs it feeds at 4 rows a call,
  * so several calls read it from the scratch as the Q4_K tile does (q6k_unpack: per super-block
  * the 64 quant vectors, then per 32-column block the low and high 16-column scales, then d). */
-#define Q6K_VECS 81 /* vectors per super-block in the scratch: 64 quants, 16 scales, d */
+#define Q6K_VECS 81 /* vectors per super-block in the scratch: 64 quants, 16 scales (floats), d */
 
 static void q6k_unpack(const uint8_t *w, size_t tile, int nsb, __m512i *buf, const sx_pf *pf) {
     for (int sb = 0; sb < nsb; sb++, w += SX_Q6K_TILE_BYTES, buf += Q6K_VECS) {
@@ -168,7 +176,10 @@ static void q6k_unpack(const uint8_t *w, size_t tile, int nsb, __m512i *buf, con
         for (int b = 0; b < 8; b++) {
             for (int half = 0; half < 2; half++)
                 for (int k = 0; k < 4; k++) _mm512_store_si512(buf + 8 * b + 4 * half + k, q6k_quants(w, tile, b, half, k));
-            q6k_scales(w, tile, b, buf + 64 + 2 * b, buf + 65 + 2 * b);
+            __m512i sl, sh;
+            q6k_scales(w, tile, b, &sl, &sh);
+            _mm512_store_ps(buf + 64 + 2 * b, _mm512_cvtepi32_ps(sl));
+            _mm512_store_ps(buf + 65 + 2 * b, _mm512_cvtepi32_ps(sh));
         }
         _mm512_store_ps(buf + 80, ld2ph(w, tile, 0));
     }
@@ -190,10 +201,14 @@ SX_AI void tile_q6k_x2(int C, const uint8_t *w, size_t tile, const __m512i *pre,
          * tile_k6: 16 lanes of everything spill at 8 (80 -> 98 GMAC/s per core at batch 16) */
 #pragma GCC unroll 4
         for (int b = 0; b < 8; b++) {
-            __m512i sl, sh;
-            if (p) sl = _mm512_load_si512(p + 64 + 2 * b), sh = _mm512_load_si512(p + 65 + 2 * b);
-            else q6k_scales(w, tile, b, &sl, &sh);
-            __m512i I[SX_MAXC];
+            __m512 sl, sh;
+            if (p) sl = _mm512_load_ps(p + 64 + 2 * b), sh = _mm512_load_ps(p + 65 + 2 * b);
+            else {
+                __m512i il, ih;
+                q6k_scales(w, tile, b, &il, &ih);
+                sl = _mm512_cvtepi32_ps(il), sh = _mm512_cvtepi32_ps(ih);
+            }
+            __m512 I[SX_MAXC];
 #pragma GCC unroll 2
             for (int half = 0; half < 2; half++) {
                 __m512i q[4];
@@ -205,12 +220,12 @@ SX_AI void tile_q6k_x2(int C, const uint8_t *w, size_t tile, const __m512i *pre,
                     for (int c = 0; c < C; c++)
                         s0[c] = dot_bcast4(s0[c], q[k], a[(size_t)c * nb + 8 * sb + b].qs + 16 * half + 4 * k);
                 for (int c = 0; c < C; c++) {
-                    const __m512i m = _mm512_mullo_epi32(s0[c], half ? sh : sl);
-                    I[c] = half ? _mm512_add_epi32(I[c], m) : m;
+                    const __m512 f = _mm512_cvtepi32_ps(s0[c]);
+                    I[c] = half ? _mm512_fmadd_ps(f, sh, I[c]) : _mm512_mul_ps(f, sl);
                 }
             }
             for (int c = 0; c < C; c++)
-                sd[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I[c]), _mm512_set1_ps(ad[(size_t)c * nb + 8 * sb + b]), sd[c]);
+                sd[c] = _mm512_fmadd_ps(I[c], _mm512_set1_ps(ad[(size_t)c * nb + 8 * sb + b]), sd[c]);
         }
         const __m512 d = p ? _mm512_load_ps(p + 80) : ld2ph(w, tile, 0);
         for (int c = 0; c < C; c++) acc[c] = _mm512_fmadd_ps(d, sd[c], acc[c]);
