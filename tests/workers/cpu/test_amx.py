@@ -71,6 +71,26 @@ def test_amx_gemm_of_other_types_is_the_vnni_gemm_bit_for_bit(amx, qtype, rows, 
     assert torch.equal(on, off)
 
 
+def test_amx_reshapes_the_tiles_between_q6_k_and_other_types(amx):
+    """Q6_K's tiles have their own shapes (16-column A tiles, 4-row B tiles): a call after a
+    call of another type on the same threads must load them, and the next other call its own
+    again, as a fused step of a Q4_K_M file alternates the two."""
+    rows, cols, n = 48, 512, 64
+    mats = [
+        mat_of(t, random_blocks(t, rows, cols, seed=t), rows, cols)
+        for t in (lib.Q6_K, lib.Q4_K, lib.Q4_0)
+    ]
+    x = torch.randn(n, cols, generator=torch.Generator().manual_seed(1)) * 3
+
+    def alternating():
+        return [lib.gemm(m, x, threads=2) for m in (*mats, *mats)]
+
+    off, on = _off_and_on(amx, alternating)
+    for a, b in zip(off, on, strict=True):
+        assert torch.isfinite(a).all()
+        assert torch.equal(b, a)
+
+
 def test_amx_is_reported_in_the_kernels_simd_string(amx):
     assert amx.sx_simd().decode().endswith("+amx")
     amx.sx_amx_enable(0)
