@@ -125,22 +125,25 @@ static inline __attribute__((always_inline)) void scale_block(int with_min, int 
 
 #define BSRC(b) (bbuf + (size_t)(b) * BLOCK_BUF)
 #define BSCALES(b) ((const float *)(BSRC(b) + 512))
-/* Block b's sums into tile C from tiles A and B (B from SRC(b), multiplied by DP: TDPBSSD or
- * TDPBSUD); rows past the batch read the padding. Needs a, stride in scope. */
-#define DOT(C, A, B, b, SRC, DP)                                                                                       \
+/* Block b's sums into tile C from tiles A (the activation quants at ASRC(b)) and B (the weights at
+ * SRC(b)), multiplied by DP: TDPBSSD or TDPBSUD; rows past the batch read the padding. Needs a,
+ * stride in scope. */
+#define ABLK(b) (a[b].qs)                          /* a 32-column block's quants */
+#define AHALF(h) (a[(h) / 2].qs + 16 * ((h) % 2)) /* Q6_K: half-block h's 16 */
+#define DOT(C, A, B, b, ASRC, SRC, DP)                                                                                 \
     do {                                                                                                               \
-        _tile_loadd(A, a[b].qs, stride);                                                                               \
+        _tile_loadd(A, ASRC(b), stride);                                                                               \
         _tile_loadd(B, SRC(b), 64);                                                                                    \
         _tile_zero(C);                                                                                                 \
         DP(C, A, B);                                                                                                   \
     } while (0)
 /* Blocks [b, b + 4) into the four C tiles, stored to out[0..3]. */
-#define DOT_GROUP(b, SRC, DP, out)                                                                                     \
+#define DOT_GROUP(b, ASRC, SRC, DP, out)                                                                               \
     do {                                                                                                               \
-        DOT(T_C0, T_A0, T_B0, b, SRC, DP);                                                                             \
-        DOT(T_C1, T_A1, T_B1, (b) + 1, SRC, DP);                                                                       \
-        DOT(T_C2, T_A0, T_B0, (b) + 2, SRC, DP);                                                                       \
-        DOT(T_C3, T_A1, T_B1, (b) + 3, SRC, DP);                                                                       \
+        DOT(T_C0, T_A0, T_B0, b, ASRC, SRC, DP);                                                                       \
+        DOT(T_C1, T_A1, T_B1, (b) + 1, ASRC, SRC, DP);                                                                 \
+        DOT(T_C2, T_A0, T_B0, (b) + 2, ASRC, SRC, DP);                                                                 \
+        DOT(T_C3, T_A1, T_B1, (b) + 3, ASRC, SRC, DP);                                                                 \
         _tile_stored(T_C0, (out)[0], 64);                                                                              \
         _tile_stored(T_C1, (out)[1], 64);                                                                              \
         _tile_stored(T_C2, (out)[2], 64);                                                                              \
@@ -171,16 +174,16 @@ static inline __attribute__((always_inline)) void rows_blocks(int type, const ui
     for (int k = 0; k < 16; k++) acc[k] = _mm512_setzero_ps();
     int b = 0, cur = 0;
     for (; b + GROUP <= nb; b += GROUP, cur ^= 1) {
-        if (m) DOT_GROUP(b, BSRC, _tile_dpbsud, sums[cur]);
-        else DOT_GROUP(b, BSRC, _tile_dpbssd, sums[cur]);
+        if (m) DOT_GROUP(b, ABLK, BSRC, _tile_dpbsud, sums[cur]);
+        else DOT_GROUP(b, ABLK, BSRC, _tile_dpbssd, sums[cur]);
         for (int j = 0; b > 0 && j < GROUP; j++)
             scale_block(m, nb, b - GROUP + j, sums[cur ^ 1][j], BSCALES(b - GROUP + j), ad, xs, acc);
     }
     for (int j = 0; b > 0 && j < GROUP; j++)
         scale_block(m, nb, b - GROUP + j, sums[cur ^ 1][j], BSCALES(b - GROUP + j), ad, xs, acc);
     for (; b < nb; b++) { /* the last nb % 4 blocks, in order after the groups */
-        if (m) DOT(T_C0, T_A0, T_B0, b, BSRC, _tile_dpbsud);
-        else DOT(T_C0, T_A0, T_B0, b, BSRC, _tile_dpbssd);
+        if (m) DOT(T_C0, T_A0, T_B0, b, ABLK, BSRC, _tile_dpbsud);
+        else DOT(T_C0, T_A0, T_B0, b, ABLK, BSRC, _tile_dpbssd);
         _tile_stored(T_C0, sums[0][0], 64);
         scale_block(m, nb, b, sums[0][0], BSCALES(b), ad, xs, acc);
     }
@@ -252,7 +255,7 @@ static void rows_k(const uint8_t *buf, int nb, const sx_act *act, int c, float *
 #pragma GCC unroll 16
     for (int k = 0; k < 16; k++) sd[k] = _mm512_setzero_ps(), _mm512_storeu_ps(out + 16 * k, sd[k]);
     for (int b = 0, cur = 0; b <= nb; b += GROUP, cur ^= 1) {
-        if (b < nb) DOT_GROUP(b, KSRC, _tile_dpbsud, sums[cur]);
+        if (b < nb) DOT_GROUP(b, ABLK, KSRC, _tile_dpbsud, sums[cur]);
         if (b == 0) continue;
         const int p = b - GROUP; /* the previous group's first sub-block */
         for (int j = 0; j < GROUP; j++) {
@@ -314,15 +317,6 @@ static void fill_k6(uint8_t *buf, const uint8_t *w, size_t tile, int nsb, const 
     }
 }
 
-/* Half-block h's sums into tile C (A: its 16 quants of 16 activation rows; B: its unpacked quants). */
-#define DOT6(C, A, B, h)                                                                                               \
-    do {                                                                                                               \
-        _tile_loadd(A, a[(h) / 2].qs + 16 * ((h) % 2), stride);                                                        \
-        _tile_loadd(B, K6SRC(h), 64);                                                                                  \
-        _tile_zero(C);                                                                                                 \
-        _tile_dpbssd(C, A, B);                                                                                         \
-    } while (0)
-
 /* 16 activation rows from row c, all super-blocks, pipelined as rows_k (a group of 4 halves is
  * 2 blocks and never straddles a super-block): out[16 k + i] = row c + k, weight row r + i. */
 static void rows_k6(const uint8_t *buf, int nb, const sx_act *act, int c, float *out) {
@@ -335,16 +329,7 @@ static void rows_k6(const uint8_t *buf, int nb, const sx_act *act, int c, float 
 #pragma GCC unroll 16
     for (int k = 0; k < 16; k++) sd[k] = _mm512_setzero_ps(), _mm512_storeu_ps(out + 16 * k, sd[k]);
     for (int h = 0, cur = 0; h <= 2 * nb; h += GROUP, cur ^= 1) {
-        if (h < 2 * nb) {
-            DOT6(T_C0, T_A0, T_B0, h);
-            DOT6(T_C1, T_A1, T_B1, h + 1);
-            DOT6(T_C2, T_A0, T_B0, h + 2);
-            DOT6(T_C3, T_A1, T_B1, h + 3);
-            _tile_stored(T_C0, sums[cur][0], 64);
-            _tile_stored(T_C1, sums[cur][1], 64);
-            _tile_stored(T_C2, sums[cur][2], 64);
-            _tile_stored(T_C3, sums[cur][3], 64);
-        }
+        if (h < 2 * nb) DOT_GROUP(h, AHALF, K6SRC, _tile_dpbssd, sums[cur]);
         if (h == 0) continue;
         const int p = h - GROUP; /* the previous group's first half */
         for (int j = 0; j < GROUP; j += 2) {
