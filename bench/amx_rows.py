@@ -92,7 +92,9 @@ def gemm(args, native) -> None:
         for n in _ints(args.rows_list):
             x = torch.randn(n, cols)
             gmac = rows * cols * n / 1e9
-            fn = functools.partial(lib.gemm, mat, x, threads=args.threads)
+            # one y for every call: a fresh one of tens of MB would fault in new pages each call
+            y = torch.empty(n, rows)
+            fn = functools.partial(lib.gemm, mat, x, threads=args.threads, out=y)
             label = f"{args.type} {name} {rows}x{cols} n={n}"
             _compare(native, label, gmac, "GMAC/s", fn, args.rounds, args.repeats)
 

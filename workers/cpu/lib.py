@@ -456,10 +456,18 @@ def quant_mat(
 
 
 def gemm(
-    mat: SxMat, x: torch.Tensor, threads: int, nrc: int = 0, variant: str = "native"
+    mat: SxMat,
+    x: torch.Tensor,
+    threads: int,
+    nrc: int = 0,
+    variant: str = "native",
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """y[n, rows] = x[n, cols] @ W^T (+ bias)."""
+    """y[n, rows] = x[n, cols] @ W^T (+ bias), into `out` when given (a benchmark's reused
+    buffer: a fresh one of tens of MB is new pages each call, whose faults it would time)."""
     x = x.contiguous()
-    y = torch.empty((x.shape[0], mat.rows), dtype=torch.float32)
+    y = torch.empty((x.shape[0], mat.rows), dtype=torch.float32) if out is None else out
+    if y.shape != (x.shape[0], mat.rows) or y.dtype != torch.float32 or not y.is_contiguous():
+        raise ValueError(f"out must be a contiguous float32 tensor of {(x.shape[0], mat.rows)}")
     load(variant).sx_gemm(ctypes.byref(mat), x.shape[0], ptr(x), ptr(y), threads, nrc)
     return y

@@ -114,6 +114,20 @@ def test_f32_gemm_equals_torch():
     torch.testing.assert_close(y, x @ w.T + b, rtol=1e-5, atol=1e-5)
 
 
+def test_gemm_into_a_given_buffer_writes_it_and_checks_its_shape():
+    """`out=`: the benchmarks reuse one buffer (a fresh one of tens of MB is new pages each
+    call); the product is the same, in that very tensor, and a wrong buffer is refused."""
+    w, x = torch.randn(24, 96), torch.randn(3, 96)
+    mat = lib.make_mat(lib.F32, w, 24, 96, None)
+    out = torch.full((3, 24), float("nan"))
+    y = lib.gemm(mat, x, threads=2, out=out)
+    assert y.data_ptr() == out.data_ptr()
+    assert torch.equal(out, lib.gemm(mat, x, threads=2))
+    for bad in (torch.empty(3, 23), torch.empty(3, 24, dtype=torch.float64), torch.empty(24, 3).T):
+        with pytest.raises(ValueError, match="contiguous float32"):
+            lib.gemm(mat, x, threads=2, out=bad)
+
+
 @pytest.mark.parametrize("qtype", [lib.F32, lib.Q8_0, lib.Q4_0])
 def test_results_do_not_depend_on_batch_tile_or_threads(qtype):
     rows, cols = 37, 160  # rows not a multiple of any tile: remainder tiles run too
