@@ -105,14 +105,11 @@ def step(args, native) -> None:
 
     env.prefer_eager_huge_pages()  # load as a worker does
     eng = Engine(args.model, quantize="stored", op_mode="fused", max_model_len=1024, max_num_seqs=max(_ints(args.rows_list)), progress=False, load_tokenizer=False)  # fmt: skip
-    fused, bs = eng.fused, eng.cache.block_size
+    from kernel_ab import step_rows
+
+    fused = eng.fused
     for n in _ints(args.rows_list):
-        if args.decode:  # n sequences at position 128, one row each
-            tables = [list(range(s * (256 // bs), (s + 1) * (256 // bs))) for s in range(n)]
-            rows = (list(range(1, n + 1)), [128] * n, list(range(n)), tables, list(range(n)))
-        else:  # one sequence's prompt chunk of n rows from position 0
-            tables = [list(range((n + bs - 1) // bs))]
-            rows = (list(range(1, n + 1)), list(range(n)), [0] * n, tables, [n - 1])
+        rows = step_rows(n, args.decode, eng.cache.block_size)
         what = "decode" if args.decode else "prompt"
         fn = functools.partial(fused.step, *rows)
         _compare(native, f"{what} n={n}", n, "tok/s", fn, args.rounds, args.repeats)

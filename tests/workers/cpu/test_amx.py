@@ -71,6 +71,21 @@ def test_amx_gemm_of_other_types_is_the_vnni_gemm_bit_for_bit(amx, qtype, rows, 
     assert torch.equal(on, off)
 
 
+@pytest.mark.parametrize("qtype", [lib.Q4_0, lib.Q4_1, lib.Q8_0])
+@pytest.mark.parametrize(("rows", "n"), [(64, 49), (72, 64)])
+def test_amx_in_column_chunks_is_the_vnni_gemm_bit_for_bit(amx, qtype, rows, n):
+    """16,384 columns at 49-64 rows are 0.85-1.1 MB of activation blocks, past SX_AMX_ACT_L2
+    (768 KB): sx_amx_span multiplies them in column chunks (of 472 and 40 blocks, of 360 and
+    152), every 16-row group's partial sums kept between chunks; 72 rows leave 8 for the 8-row
+    tile after the groups. The same bits as one pass on the VNNI tiles."""
+    cols = 16384
+    mat = mat_of(qtype, random_blocks(qtype, rows, cols, seed=rows), rows, cols, torch.randn(rows))
+    x = torch.randn(n, cols, generator=torch.Generator().manual_seed(n)) * 3
+    off, on = _off_and_on(amx, lambda: lib.gemm(mat, x, threads=2))
+    assert torch.isfinite(off).all()
+    assert torch.equal(on, off)
+
+
 def test_amx_reshapes_the_tiles_between_q6_k_and_other_types(amx):
     """Q6_K's tiles have their own shapes (16-column A tiles, 4-row B tiles): a call after a
     call of another type on the same threads must load them, and the next other call its own

@@ -123,7 +123,7 @@ static inline __attribute__((always_inline)) void scale_block(int with_min, int 
     }
 }
 
-#define BSRC(b) (bbuf + (size_t)(b) * BLOCK_BUF)
+#define BSRC(b) (bbuf + (size_t)((b) - b0) * BLOCK_BUF) /* the buffer holds blocks [b0, b1) */
 #define BSCALES(b) ((const float *)(BSRC(b) + 512))
 /* Block b's sums into tile C from tiles A (the activation quants at ASRC(b)) and B (the weights at
  * SRC(b)), multiplied by DP: TDPBSSD or TDPBSUD; rows past the batch read the padding. Needs a,
@@ -150,8 +150,9 @@ static inline __attribute__((always_inline)) void scale_block(int with_min, int 
         _tile_stored(T_C3, (out)[3], 64);                                                                              \
     } while (0)
 
-/* 16 activation rows from row c, all blocks: out[16 k + i] = row c + k, weight row r + i.
- * Software-pipelined: the sums of blocks [b, b + 4) are stored while those of the 4 before are
+/* 16 activation rows from row c, blocks [b0, b1) (the buffer's): out[16 k + i] = row c + k,
+ * weight row r + i, the blocks' terms added to what out holds where `cont` (blocks before b0,
+ * sx_amx_span's K chunks: the same additions in the same order as in one pass). Software-pipelined: the sums of blocks [b, b + 4) are stored while those of the 4 before are
  * scaled (a load right after the tile store it reads waits for that store to reach L1).
  *
  * Measured on a 2-core Sapphire Rapids class VM (1b gate/up, 16384 x 2048 at 128 rows, one
@@ -161,8 +162,8 @@ static inline __attribute__((always_inline)) void scale_block(int with_min, int 
  * faster: two activation x two weight groups per block (each tile load feeding two TDPBSSDs,
  * accumulators in memory) 195-200; the same scaling 4 blocks per accumulator load 188; the
  * scaling in 256-bit halves 170. */
-static inline __attribute__((always_inline)) void rows_blocks(int type, const uint8_t *bbuf, int nb,
-                                                              const sx_act *act, int c, float *out) {
+static inline __attribute__((always_inline)) void rows_blocks(int type, const uint8_t *bbuf, int nb, int b0, int b1,
+                                                              int cont, const sx_act *act, int c, float *out) {
     const size_t a0 = (size_t)c * nb;
     const sx_act_block *a = act->blocks + a0;
     const float *ad = act->scales + a0, *xs = act->xsum + a0;
@@ -171,17 +172,17 @@ static inline __attribute__((always_inline)) void rows_blocks(int type, const ui
     int32_t sums[2][GROUP][16 * 16] __attribute__((aligned(64)));
     __m512 acc[16];
 #pragma GCC unroll 16
-    for (int k = 0; k < 16; k++) acc[k] = _mm512_setzero_ps();
-    int b = 0, cur = 0;
-    for (; b + GROUP <= nb; b += GROUP, cur ^= 1) {
+    for (int k = 0; k < 16; k++) acc[k] = cont ? _mm512_loadu_ps(out + 16 * k) : _mm512_setzero_ps();
+    int b = b0, cur = 0;
+    for (; b + GROUP <= b1; b += GROUP, cur ^= 1) {
         if (m) DOT_GROUP(b, ABLK, BSRC, _tile_dpbsud, sums[cur]);
         else DOT_GROUP(b, ABLK, BSRC, _tile_dpbssd, sums[cur]);
-        for (int j = 0; b > 0 && j < GROUP; j++)
+        for (int j = 0; b > b0 && j < GROUP; j++)
             scale_block(m, nb, b - GROUP + j, sums[cur ^ 1][j], BSCALES(b - GROUP + j), ad, xs, acc);
     }
-    for (int j = 0; b > 0 && j < GROUP; j++)
+    for (int j = 0; b > b0 && j < GROUP; j++)
         scale_block(m, nb, b - GROUP + j, sums[cur ^ 1][j], BSCALES(b - GROUP + j), ad, xs, acc);
-    for (; b < nb; b++) { /* the last nb % 4 blocks, in order after the groups */
+    for (; b < b1; b++) { /* the last nb % 4 blocks, in order after the groups */
         if (m) DOT(T_C0, T_A0, T_B0, b, ABLK, BSRC, _tile_dpbsud);
         else DOT(T_C0, T_A0, T_B0, b, ABLK, BSRC, _tile_dpbssd);
         _tile_stored(T_C0, sums[0][0], 64);
@@ -191,15 +192,17 @@ static inline __attribute__((always_inline)) void rows_blocks(int type, const ui
     for (int k = 0; k < 16; k++) _mm512_storeu_ps(out + 16 * k, acc[k]);
 }
 
-static void rows_q4_0(const uint8_t *buf, int nb, const sx_act *act, int c, float *out) {
-    rows_blocks(SX_Q4_0, buf, nb, act, c, out);
+typedef void (*rows_fn)(const uint8_t *buf, int nb, int b0, int b1, int cont, const sx_act *act, int c, float *out);
+static void rows_q4_0(const uint8_t *buf, int nb, int b0, int b1, int cont, const sx_act *act, int c, float *out) {
+    rows_blocks(SX_Q4_0, buf, nb, b0, b1, cont, act, c, out);
 }
-static void rows_q4_1(const uint8_t *buf, int nb, const sx_act *act, int c, float *out) {
-    rows_blocks(SX_Q4_1, buf, nb, act, c, out);
+static void rows_q4_1(const uint8_t *buf, int nb, int b0, int b1, int cont, const sx_act *act, int c, float *out) {
+    rows_blocks(SX_Q4_1, buf, nb, b0, b1, cont, act, c, out);
 }
-static void rows_q8_0(const uint8_t *buf, int nb, const sx_act *act, int c, float *out) {
-    rows_blocks(SX_Q8_0, buf, nb, act, c, out);
+static void rows_q8_0(const uint8_t *buf, int nb, int b0, int b1, int cont, const sx_act *act, int c, float *out) {
+    rows_blocks(SX_Q8_0, buf, nb, b0, b1, cont, act, c, out);
 }
+static rows_fn block_rows(int type) { return type == SX_Q4_1 ? rows_q4_1 : type == SX_Q8_0 ? rows_q8_0 : rows_q4_0; }
 
 /* ---- Q4_K and Q5_K ------------------------------------------------------------------------
  * The same scheme per 32-column sub-block: its B tile is the unsigned quants (no zero point:
@@ -367,14 +370,56 @@ int sx_amx_rows(const sx_mat *w, int r, int n, const sx_act *act, float *y, int 
     if (k6) fill_k6(buf, wt, tile, nb / 8, next, next_len);
     else if (kq) fill_k(w->type, buf, wt, tile, nb / 8, next, next_len);
     else fill_b(w->type, buf, wt, tile, nb, next, next_len);
-    void (*rows)(const uint8_t *, int, const sx_act *, int, float *) =
-        k6 ? rows_k6 : kq ? rows_k : w->type == SX_Q4_1 ? rows_q4_1 : w->type == SX_Q8_0 ? rows_q8_0 : rows_q4_0;
+    const rows_fn blk = block_rows(w->type);
     float out[16 * 16];
     for (int c = 0; c < n; c += 16) {
-        rows(buf, nb, act, c, out);
+        if (k6) rows_k6(buf, nb, act, c, out);
+        else if (kq) rows_k(buf, nb, act, c, out);
+        else blk(buf, nb, 0, nb, 0, act, c, out);
         sx_store_rows(w, out, 16, r, 16, c, n - c < 16 ? n - c : 16, y, ys, y0);
     }
     return 1;
+}
+
+/* Q4_0, Q4_1 and Q8_0 rows [r0, r0 + 16 g) for all n activation rows, g the whole 16-row groups
+ * of [r0, r1), where the activation blocks outgrow SX_AMX_ACT_L2: sx_amx_rows's loop reads all of
+ * them again for every 16-row group, from L3 once they and the group's unpacked weights no longer
+ * fit in L2 (a wide down projection at 100 rows: 1.7 MB of blocks and 327 KB of weights). Here
+ * the columns go in chunks of kc blocks, outermost: every group's part of a chunk is unpacked and
+ * multiplied by the chunk's activations, which stay in L2 across the groups, and each group keeps
+ * its partial sums (16 x 16 floats per 16 activation rows) until the last chunk adds its terms,
+ * in the order of one pass: the same bits. Returns the rows done (0: not this case, or no
+ * buffer). */
+int sx_amx_span(const sx_mat *w, int r0, int r1, int n, const sx_act *act, float *y, int ys, int y0) {
+    const int nb = w->cols / SX_QK, groups = (r1 - r0) / (2 * SX_TILE), ncg = (n + 15) / 16;
+    const size_t row_bytes = (size_t)nb * sizeof(sx_act_block);
+    if (w->type == SX_Q4_K || w->type == SX_Q5_K || w->type == SX_Q6_K || groups < 2 ||
+        (size_t)n * row_bytes <= SX_AMX_ACT_L2)
+        return 0;
+    int kc = (int)(SX_AMX_ACT_L2 / ((size_t)n * sizeof(sx_act_block))) & ~(GROUP - 1);
+    if (kc < GROUP) kc = GROUP;
+    const size_t bbytes = (size_t)kc * BLOCK_BUF, part_floats = (size_t)groups * ncg * 256;
+    uint8_t *buf = thread_setup(bbytes + part_floats * sizeof(float), 32);
+    if (!buf) return 0;
+    float *part = (float *)(buf + bbytes);
+    const size_t tile = sx_packed_bytes(w->type, SX_TILE, w->cols), tb = sx_packed_bytes(w->type, SX_TILE, SX_QK);
+    const rows_fn blk = block_rows(w->type);
+    for (int b0 = 0; b0 < nb; b0 += kc) {
+        const int b1 = nb - b0 < kc ? nb : b0 + kc;
+        for (int g = 0; g < groups; g++) {
+            const uint8_t *wt = (const uint8_t *)w->data + (size_t)(r0 / SX_TILE + 2 * g) * tile + (size_t)b0 * tb;
+            /* the next group's part of this chunk: its two tiles' runs (the second is one tile on) */
+            const uint8_t *next = g + 1 < groups ? wt + 2 * tile : NULL;
+            fill_b(w->type, buf, wt, tile, b1 - b0, next, next ? (size_t)(b1 - b0) * tb : 0);
+            if (next)
+                for (size_t o = 0; o < (size_t)(b1 - b0) * tb; o += 64) _mm_prefetch((const char *)next + tile + o, SX_PF_HINT);
+            for (int c = 0; c < ncg; c++) blk(buf, nb, b0, b1, b0 > 0, act, 16 * c, part + ((size_t)g * ncg + c) * 256);
+        }
+    }
+    for (int g = 0; g < groups; g++)
+        for (int c = 0; c < ncg; c++)
+            sx_store_rows(w, part + ((size_t)g * ncg + c) * 256, 16, r0 + 16 * g, 16, 16 * c, n - 16 * c < 16 ? n - 16 * c : 16, y, ys, y0);
+    return 16 * groups;
 }
 
 #else

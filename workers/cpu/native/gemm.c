@@ -217,7 +217,11 @@ static void gemm_rows_q(const sx_mat *w, int r0, int r1, int n, const sx_act *ac
                          w->type == SX_Q5_K || w->type == SX_Q6_K;
     const int amx = amx_type && nrc == 0 && n >= SX_AMX_MIN_ROWS && sx_amx_active();
 #endif
-    for (int r = r0; r < r1;) {
+    int r = r0;
+#ifdef SX_AMX
+    if (amx) r += sx_amx_span(w, r0, r1, n, act, y, ys, y0);
+#endif
+    while (r < r1) {
 #ifdef SX_AMX
         if (amx && r + 2 * SX_TILE <= r1 && sx_amx_rows(w, r, n, act, y, ys, y0)) {
             r += 2 * SX_TILE;

@@ -181,6 +181,15 @@ SX_AI void q6k_scales(const uint8_t *w, size_t tile, int b, __m512i *sl, __m512i
  * n activation rows on AMX, the results bit for bit those of the VNNI tiles; 0 (nothing done) if the
  * thread's buffer could not be allocated. Only while sx_amx_active(), from SX_AMX_MIN_ROWS. */
 int sx_amx_rows(const sx_mat *w, int r, int n, const sx_act *act, float *y, int ys, int y0);
+/* amx.c: the whole 16-row groups of rows [r0, r1) of a Q4_0, Q4_1 or Q8_0 matrix in K chunks,
+ * where n activation rows' blocks outgrow SX_AMX_ACT_L2; returns the rows done (0: the caller
+ * goes on with sx_amx_rows per group). */
+int sx_amx_span(const sx_mat *w, int r0, int r1, int n, const sx_act *act, float *y, int ys, int y0);
+/* Bytes of activation blocks past which sx_amx_span chunks the columns: with a 16-row group's
+ * unpacked weights they should stay in a core's L2 (2 MB on Sapphire Rapids). */
+#ifndef SX_AMX_ACT_L2
+#define SX_AMX_ACT_L2 (768 * 1024)
+#endif
 /* Activation rows from which those GEMMs run on AMX; below, the VNNI tiles. Measured on a
  * 2-core Sapphire Rapids class VM (bench/amx_rows.py gemm, 2 threads, AMX / VNNI): Q4_0 at 32
  * rows 0.84-1.07x, 48 rows 1.01-1.16x, 64 rows 1.02-1.19x (Q4_K 1.01-1.05x, 1.11-1.18x,
