@@ -152,7 +152,8 @@ static inline __attribute__((always_inline)) void scale_block(int with_min, int 
 
 /* 16 activation rows from row c, blocks [b0, b1) (the buffer's): out[16 k + i] = row c + k,
  * weight row r + i, the blocks' terms added to what out holds where `cont` (blocks before b0,
- * sx_amx_span's K chunks: the same additions in the same order as in one pass). Software-pipelined: the sums of blocks [b, b + 4) are stored while those of the 4 before are
+ * sx_amx_span's K chunks: the same additions in the same order as in one pass).
+ * Software-pipelined: the sums of blocks [b, b + 4) are stored while those of the 4 before are
  * scaled (a load right after the tile store it reads waits for that store to reach L1).
  *
  * Measured on a 2-core Sapphire Rapids class VM (1b gate/up, 16384 x 2048 at 128 rows, one
@@ -182,7 +183,7 @@ static inline __attribute__((always_inline)) void rows_blocks(int type, const ui
     }
     for (int j = 0; b > b0 && j < GROUP; j++)
         scale_block(m, nb, b - GROUP + j, sums[cur ^ 1][j], BSCALES(b - GROUP + j), ad, xs, acc);
-    for (; b < b1; b++) { /* the last nb % 4 blocks, in order after the groups */
+    for (; b < b1; b++) { /* the last (b1 - b0) % 4 blocks, in order after the groups */
         if (m) DOT(T_C0, T_A0, T_B0, b, ABLK, BSRC, _tile_dpbsud);
         else DOT(T_C0, T_A0, T_B0, b, ABLK, BSRC, _tile_dpbssd);
         _tile_stored(T_C0, sums[0][0], 64);
